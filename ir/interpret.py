@@ -1,0 +1,111 @@
+"""The numpy reference interpreter: the ground truth every rewrite and kernel is checked against.
+
+Each op's meaning comes from the op table. One evaluation strategy is added on top, not a new
+meaning: SumReduce(Mul(a, b)) — a matmul in this IR — is computed as a batched matmul of the
+un-broadcast operands instead of materializing the broadcast product, so a 128k-vocab head does
+not allocate vocab x dim x seq floats.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .dtypes import accumulator, from_numpy
+from .graph import Graph, Node
+from .ops import OPS, EvalCtx, Op
+
+
+def _is_contraction(node: Node) -> bool:
+    return node.op is Op.SUM_REDUCE and node.inputs[0].op is Op.MUL
+
+
+def _reads(node: Node) -> tuple[Node, ...]:
+    return node.inputs[0].inputs if _is_contraction(node) else node.inputs
+
+
+def _schedule(outputs: list[Node]) -> list[Node]:
+    order, seen = [], set()
+    stack = [(o, False) for o in reversed(outputs)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+        elif id(node) not in seen:
+            seen.add(id(node))
+            stack.append((node, True))
+            stack.extend((r, False) for r in reversed(_reads(node)) if id(r) not in seen)
+    return order
+
+
+def _contract(a: np.ndarray, b: np.ndarray, axis: int, out_dtype: np.dtype) -> np.ndarray:
+    """sum(a * b, axis) through matmul: an axis broadcast in one operand is the other's matrix axis."""
+    acc = accumulator(from_numpy(out_dtype)).np
+    a = np.moveaxis(a.astype(acc, copy=False), axis, -1)
+    b = np.moveaxis(b.astype(acc, copy=False), axis, -1)
+    outer = range(a.ndim - 1)
+
+    def flat(x: np.ndarray, d: int) -> bool:
+        return x.shape[d] == 1 or x.strides[d] == 0
+
+    batch = [d for d in outer if not flat(a, d) and not flat(b, d)]
+    rows = [d for d in outer if not flat(a, d) and flat(b, d)]
+    cols = [d for d in outer if flat(a, d) and not flat(b, d)]
+    shape = tuple(max(a.shape[d], b.shape[d]) for d in outer)
+
+    def matrix(x: np.ndarray, mid: list[int]) -> np.ndarray:
+        """x as (batch, mid, K): the axes outside batch + mid are flat in x, so index them at 0."""
+        kept = batch + mid
+        x = x[tuple(slice(None) if d in kept else 0 for d in outer)]
+        ascending = sorted(kept)
+        x = np.transpose(x, [ascending.index(d) for d in kept] + [len(kept)])
+        size = int(np.prod([shape[d] for d in mid]))
+        return np.ascontiguousarray(x).reshape(-1, size, a.shape[-1])
+
+    out = np.matmul(matrix(a, rows), matrix(b, cols).transpose(0, 2, 1))
+    order = batch + rows + cols
+    out = out.reshape([shape[d] for d in order])
+    out = np.transpose(out, [order.index(d) for d in sorted(order)])
+    out = out.reshape([shape[d] if d in order else 1 for d in outer])
+    return np.broadcast_to(out, shape).astype(out_dtype)
+
+
+def evaluate(outputs: list[Node], feeds: Mapping[Node, np.ndarray],
+             env: Mapping[str, int] | None = None) -> list[np.ndarray]:
+    """Evaluate output nodes given arrays for every Input node they reach."""
+    env = dict(env or {})
+    order = _schedule(outputs)
+    uses: dict[int, int] = {}
+    for node in order:
+        for r in _reads(node):
+            uses[id(r)] = uses.get(id(r), 0) + 1
+    keep = {id(o) for o in outputs}
+    values: dict[int, np.ndarray] = {}
+    for node in order:
+        if node.op is Op.INPUT:
+            if node not in feeds:
+                raise KeyError(f"no value fed for input '{node.attrs['name']}'")
+            value = np.asarray(feeds[node])
+        else:
+            args = [values[id(r)] for r in _reads(node)]
+            shape = tuple(d.evaluate(env) for d in node.shape)
+            if _is_contraction(node):
+                value = _contract(*args, node.attrs["axis"], node.dtype.np)
+            else:
+                value = OPS[node.op].evaluate(EvalCtx(node.attrs, shape, node.dtype, env), *args)
+        values[id(node)] = value
+        for r in _reads(node):
+            uses[id(r)] -= 1
+            if uses[id(r)] == 0 and id(r) not in keep:
+                del values[id(r)]
+    return [values[id(o)] for o in outputs]
+
+
+def run(graph: Graph, args: list[np.ndarray]) -> list[np.ndarray]:
+    """Run a graph on call arguments (numpy arrays, in the graph's input order)."""
+    args = [np.asarray(a) for a in args]
+    env = graph.bind_symbols([a.shape for a in args], [a.dtype for a in args])
+    feeds: dict[Node, np.ndarray] = dict(zip(graph.inputs, args))
+    for node in graph.weight_nodes():
+        feeds[node] = graph.weights[node.attrs["name"]]
+    return evaluate(graph.outputs, feeds, env)
