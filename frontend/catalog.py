@@ -76,7 +76,7 @@ def load(spec: str) -> LoadedModel:
         arch, config = NAMED_CONFIGS[head]
         return LoadedModel(head, from_config(arch, {**config, **parse_overrides(parts[1:])}))
     if head.startswith("hf:"):
-        return LoadedModel(spec, from_config(head[3:], parse_overrides(parts[1:])))
+        return LoadedModel(head[3:], from_config(head[3:], parse_overrides(parts[1:])))
     if os.path.isdir(head):
         return _load_folder(head)
     known = ", ".join(["smollm2", "minilm", *NAMED_CONFIGS])

@@ -7,10 +7,12 @@ import re
 from typing import Any
 
 import numpy as np
+import sympy
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
+from torch.utils._sympy.numbers import int_oo
 
 from ..ir import DType, Expr, ExportError, Graph, KilnTypeError, Node, Op, UnsupportedOp, build, run
 from ..ir.symbolic import prod
@@ -32,6 +34,8 @@ def export(module: torch.nn.Module, args: tuple, kwargs: dict | None = None,
     """torch.export then the core-ATen decompositions; an export failure becomes an ExportError."""
     try:
         ep = torch.export.export(module, tuple(args), kwargs=kwargs, dynamic_shapes=dynamic_shapes)
+        # decomposing can hit a data-dependent size too (e.g. take's index bounds)
+        return ep.run_decompositions()
     except Exception as err:  # torch raises many types here; all mean "cannot export"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ExportError(
@@ -39,7 +43,6 @@ def export(module: torch.nn.Module, args: tuple, kwargs: dict | None = None,
             "hint: Kiln needs a module torch.export can trace — no data-dependent Python control "
             "flow, no .item()/.tolist(), tensors or nested tuples/dicts of tensors as inputs; "
             "for a changing size pass dynamic_shapes as torch.export documents") from err
-    return ep.run_decompositions()
 
 
 def lower(module: torch.nn.Module, args: tuple, dynamic_shapes=None, kwargs: dict | None = None) -> Graph:
@@ -77,10 +80,19 @@ def lower_exported(ep: ExportedProgram, symbol_names: dict[str, str] | None = No
             env[fx.name] = _lower_call(fx, env, lowerings, names)
         elif fx.op == "output":
             outputs = [_as_node(_resolve(a, env)) for a in pytree.tree_leaves(fx.args[0])]
-    symbols = {names.get(str(s), str(s)): (int(r.lower), int(r.upper) if r.upper.is_finite else 2**31 - 1)
+    symbols = {names.get(str(s), str(s)): (_bound(r.lower), _bound(r.upper))
                for s, r in ep.range_constraints.items() if str(s).isidentifier()}
     return Graph(inputs=inputs, outputs=outputs, weights=weights, symbols=symbols,
                  out_spec=ep.call_spec.out_spec, in_spec=ep.call_spec.in_spec)
+
+
+def _bound(value) -> int:
+    """A range end as an int; torch's unbounded ends (int_oo, oo) become the int32 limit."""
+    if value in (int_oo, sympy.oo):
+        return 2**31 - 1
+    if value in (-int_oo, -sympy.oo):
+        return 0
+    return int(value)
 
 
 def _lower_call(fx: torch.fx.Node, env: dict, lowerings: dict, names: dict) -> Any:
@@ -186,9 +198,11 @@ def to_numpy(tensor: torch.Tensor, dtype: DType | None = None) -> np.ndarray:
 
 
 def from_numpy(array: np.ndarray) -> torch.Tensor:
+    # np.ascontiguousarray would turn a 0-d result into shape (1,); np.require keeps the rank
+    array = np.require(array, requirements="C")
     if array.dtype == DType.BF16.np:
-        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(array))
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 def interpret(graph: Graph, *args, **kwargs) -> Any:

