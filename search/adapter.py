@@ -20,30 +20,46 @@ OP_BY_EGG = {op.value: op for op in Op}
 
 @dataclass
 class Encoded:
-    """An e-graph holding a program, and what is needed to read programs back out of it."""
-    egraph: EGraph
-    roots: list[str]                              # let names of the outputs
+    """A program prepared for the e-graph: its nodes in insertion order and the tables needed to
+    read programs back out (pure Python, so a parent process can hold it while a child saturates)."""
+    outputs: list[Node]
+    order: list[Node]                                        # children before parents
     leaves: dict[str, Node] = field(default_factory=dict)   # leaf key -> Input/Iota node
     dims: dict[str, Expr] = field(default_factory=dict)     # canonical text -> symbolic dim
+
+    @property
+    def roots(self) -> list[str]:
+        """The let names of the outputs."""
+        index_of = {id(n): i for i, n in enumerate(self.order)}
+        return [f"n{index_of[id(o)]}" for o in self.outputs]
 
 
 def _leaf_key(node: Node, index: int) -> str:
     return f"input:{node.attrs['name']}" if node.op is Op.INPUT else f"iota:{index}"
 
 
-def encode(outputs: list[Node], egraph: EGraph | None = None) -> Encoded:
-    """Insert the DAG below outputs into an e-graph: one let per node, children before parents."""
-    enc = Encoded(egraph or EGraph(), roots=[])
+def encode(outputs: list[Node]) -> Encoded:
+    enc = Encoded(list(outputs), toposort(outputs))
+    for index, node in enumerate(enc.order):
+        for attr, kind in FIELDS[node.op]:
+            if kind is Field.LEAF:
+                enc.leaves[_leaf_key(node, index)] = node
+            elif kind in (Field.DIM, Field.DIMS):
+                value = node.attrs[attr]
+                for d in (value if kind is Field.DIMS else (value,)):
+                    if not d.is_const:
+                        enc.dims[str(d)] = d
+    return enc
+
+
+def _dim(e: Expr):
+    return dim_lit(e.value) if e.is_const else dim_sym(str(e))
+
+
+def insert(enc: Encoded, egraph: EGraph) -> None:
+    """One let per node, children before parents: linear in the program's size."""
     terms: dict[int, object] = {}
-
-    def dim(e: Expr):
-        if e.is_const:
-            return dim_lit(e.value)
-        enc.dims[str(e)] = e
-        return dim_sym(str(e))
-
-    order = toposort(outputs)
-    for index, node in enumerate(order):
+    for index, node in enumerate(enc.order):
         inputs = iter(node.inputs)
         args = []
         for attr, kind in FIELDS[node.op]:
@@ -53,9 +69,7 @@ def encode(outputs: list[Node], egraph: EGraph | None = None) -> Encoded:
             elif kind is Field.TERMS:
                 args.append(Vec(*(terms[id(i)] for i in node.inputs)))
             elif kind is Field.LEAF:
-                key = _leaf_key(node, index)
-                enc.leaves[key] = node
-                args.append(key)
+                args.append(_leaf_key(node, index))
             elif kind is Field.INT:
                 args.append(i64(int(value)))
             elif kind is Field.NUMBER:
@@ -63,15 +77,12 @@ def encode(outputs: list[Node], egraph: EGraph | None = None) -> Encoded:
             elif kind is Field.TEXT:
                 args.append(value.value)
             elif kind is Field.DIM:
-                args.append(dim(value))
+                args.append(_dim(value))
             elif kind is Field.DIMS:
-                args.append(Vec(*(dim(d) for d in value)) if value else Vec[Dim].empty())
+                args.append(Vec(*(_dim(d) for d in value)) if value else Vec[Dim].empty())
             elif kind is Field.INTS:
                 args.append(Vec(*(i64(int(v)) for v in value)) if value else Vec[i64].empty())
-        terms[id(node)] = enc.egraph.let(f"n{index}", CONSTRUCTORS[node.op](*args))
-    index_of = {id(n): i for i, n in enumerate(order)}
-    enc.roots = [f"n{index_of[id(o)]}" for o in outputs]
-    return enc
+        terms[id(node)] = egraph.let(f"n{index}", CONSTRUCTORS[node.op](*args))
 
 
 # --- the JSON dump as typed e-classes -----------------------------------------------------------
@@ -102,8 +113,19 @@ class EGraphView:
         return sum(len(c.nodes) for c in self.term_classes)
 
 
-def view(enc: Encoded) -> EGraphView:
-    dump = json.loads(enc.egraph._egraph.serialize([]).to_json())
+def new_egraph(enc: Encoded) -> EGraph:
+    egraph = EGraph()
+    insert(enc, egraph)
+    return egraph
+
+
+def dump(egraph: EGraph) -> str:
+    """The e-graph as JSON text (what a saturating child process sends back)."""
+    return egraph._egraph.serialize([]).to_json()
+
+
+def view(enc: Encoded, dumped: str) -> EGraphView:
+    dump = json.loads(dumped)
     class_of = {nid: n["eclass"] for nid, n in dump["nodes"].items()}
     classes: dict[str, EClass] = {}
     for cid, data in dump["class_data"].items():

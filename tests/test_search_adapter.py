@@ -5,7 +5,7 @@ import numpy as np
 
 from kiln.ir import DType, Node, Op, build, evaluate
 from kiln.ir.symbolic import Expr, sym
-from kiln.search.adapter import Decoder, encode, view
+from kiln.search.adapter import Decoder, dump, encode, new_egraph, view
 from kiln.search.language import CONSTRUCTORS, FIELDS
 
 
@@ -41,8 +41,7 @@ def test_every_op_has_a_constructor_and_fields():
 def test_round_trip_returns_the_same_nodes():
     outputs = program_with_every_op()
     assert {n.op for n in build_all(outputs)} == set(Op)
-    enc = encode(outputs)
-    graph = view(enc)
+    enc, graph = encoded_view(outputs)
     assert len(graph.term_classes) == len(build_all(outputs)) == graph.enode_count()
     choice = {c.id: c.nodes[0] for c in graph.classes.values()}
     rebuilt = Decoder(enc, graph).build(choice)
@@ -67,12 +66,16 @@ def test_round_trip_of_a_lowered_model_evaluates_the_same():
             return self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
 
     g = kiln.lower(Logits(), (torch.randint(0, 64, (1, 6)),))
-    enc = encode(g.outputs)
-    graph = view(enc)
+    enc, graph = encoded_view(g.outputs)
     rebuilt = Decoder(enc, graph).build({c.id: c.nodes[0] for c in graph.classes.values()})
     ids = np.random.default_rng(1).integers(0, 64, (1, 6))
     feeds = {n: g.weights[n.attrs["name"]] for n in g.weight_nodes()} | {g.inputs[0]: ids}
     np.testing.assert_array_equal(evaluate(rebuilt, feeds)[0], evaluate(g.outputs, feeds)[0])
+
+
+def encoded_view(outputs):
+    enc = encode(outputs)
+    return enc, view(enc, dump(new_egraph(enc)))
 
 
 def build_all(outputs):

@@ -1,0 +1,77 @@
+"""The vocabulary rule files in `rewrites/` write with: the constructors, pattern variables, and
+`Rule`s with a topic, a name and a one-line reason. Rule files import this module, never egglog,
+so that egglog stays behind `search/`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from egglog import String, Vec, eq, function, i64, ne, rule, set_, union, vars_
+
+from .language import (Dim, Term, add, cast, concat, constant, dim_lit, dim_sym, exp2, expand, gather,
+                       input_, iota, less_than, log2, max_reduce, mod, mul, pad, permute, recip, reshape,
+                       sin, slice_, slice_update, sqrt, sum_reduce, where)
+
+__all__ = [
+    "Dim", "Rule", "String", "Term", "Vec", "add", "cast", "concat", "const_value", "constant",
+    "dim_lit", "dim_sym", "dims", "eq", "holds", "exp2", "expand", "facts", "gather", "i64", "input_", "ints",
+    "iota", "less_than", "log2", "max_reduce", "mod", "mul", "ne", "pad", "permute", "recip",
+    "reshape", "rewrites", "rule", "set_", "sin", "slice_", "slice_update", "sqrt", "strings",
+    "sum_reduce", "terms", "union", "where",
+]
+
+
+@function(egg_fn="const_value", merge=None)
+def const_value(t: Term) -> String:
+    """Analysis: the exact text of the value every element of t holds, where t is a constant
+    broadcast by views. No merge: two different values in one e-class is an unsound rule."""
+
+
+def holds(t: Term, value: str | String):
+    """Condition: t is a constant (through views) whose every element is `value` (exact text)."""
+    return eq(const_value(t)).to(String(value) if isinstance(value, str) else value)
+
+
+def terms(names: str) -> list[Term]:
+    return list(vars_(names, Term))
+
+
+def dims(names: str) -> list[Vec[Dim]]:
+    return list(vars_(names, Vec[Dim]))
+
+
+def ints(names: str) -> list[i64]:
+    return list(vars_(names, i64))
+
+
+def strings(names: str) -> list[String]:
+    return list(vars_(names, String))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A named rewrite: `topic/name` is how reports, the fuzzer and `kiln rules list` call it."""
+    topic: str
+    name: str
+    why: str
+    egg: Any
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.topic}/{self.name}"
+
+
+def rewrites(topic: str, table: Iterable[tuple]) -> list[Rule]:
+    """Rules from rows (name, why, lhs, rhs, *conditions): when lhs matches and the conditions
+    hold, rhs joins lhs's e-class."""
+    out = []
+    for name, why, lhs, rhs, *conditions in table:
+        egg = rule(lhs, *conditions, name=f"{topic}/{name}").then(union(lhs).with_(rhs))
+        out.append(Rule(topic, name, why, egg))
+    return out
+
+
+def facts(topic: str, table: Iterable[tuple]) -> list[Rule]:
+    """Analysis rules from rows (name, why, [conditions], [actions])."""
+    return [Rule(topic, name, why, rule(*conditions, name=f"{topic}/{name}").then(*actions))
+            for name, why, conditions, actions in table]

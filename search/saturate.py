@@ -1,0 +1,157 @@
+"""Staged equality saturation with limits, guarded in a child process.
+
+Stages run in order (analysis rules run to saturation before every iteration of every stage).
+After each iteration the e-node count, the iteration count and the stage's wall time are checked
+against the limits. The e-graph lives in a forked child: an egglog abort or running out of memory
+(the child's address space is capped) ends that stage with the e-graph the previous stage
+reached, and the report says so, instead of taking the compile down.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import resource
+import time
+from dataclasses import dataclass, field
+
+from egglog import EGraph, ruleset
+
+from ..rewrites.registry import Ruleset
+from .adapter import EGraphView, Encoded, dump, encode, new_egraph, view
+from .language import CONSTRUCTORS
+
+@dataclass(frozen=True)
+class Limits:
+    max_enodes: int = 500_000
+    max_iterations: int = 12
+    max_seconds: float = 60.0          # per stage
+    memory_bytes: int = 8 << 30        # the child's address space
+
+
+@dataclass
+class StageReport:
+    stage: str
+    iterations: int = 0
+    enodes: int = 0
+    eclasses: int = 0
+    seconds: float = 0.0
+    stop: str = "saturated"            # saturated | node limit | iteration limit | time limit | crashed: ...
+    matches: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Saturated:
+    encoded: Encoded
+    graph: EGraphView
+    stages: list[StageReport]
+
+
+_TERM_CONSTRUCTORS = set(CONSTRUCTORS.values())  # egglog functions compare and hash by reference
+
+
+def _enode_count(egraph: EGraph) -> int:
+    return sum(size for fn, size in egraph.all_function_sizes() if fn in _TERM_CONSTRUCTORS)
+
+
+def _run_stages(enc: Encoded, stages: list[tuple[str, list]], analysis: list, limits: Limits, send) -> None:
+    egraph = new_egraph(enc)
+    analyses = ruleset(*(r.egg for r in analysis), name="analysis") if analysis else None
+    for stage, rules in stages:
+        report = StageReport(stage)
+        if not rules:
+            send(("stage", report, dump(egraph)))
+            continue
+        rules_now = ruleset(*(r.egg for r in rules), name=f"stage-{stage}")
+        schedule = (analyses.saturate() + rules_now) if analyses is not None else rules_now
+        start = time.perf_counter()
+        while True:
+            run = egraph.run(schedule)
+            report.iterations += 1
+            for decl, n in run.num_matches_per_rule.items():
+                name = getattr(decl, "name", None) or str(decl)
+                report.matches[name] = report.matches.get(name, 0) + n
+            report.enodes = _enode_count(egraph)
+            report.seconds = time.perf_counter() - start
+            if not run.updated:
+                report.stop = "saturated"
+            elif report.enodes > limits.max_enodes:
+                report.stop = "node limit"
+            elif report.iterations >= limits.max_iterations:
+                report.stop = "iteration limit"
+            elif report.seconds > limits.max_seconds:
+                report.stop = "time limit"
+            else:
+                continue
+            break
+        send(("stage", report, dump(egraph)))
+
+
+def _child(conn, enc, stages, analysis, limits) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+    try:
+        _run_stages(enc, stages, analysis, limits, conn.send)
+        conn.send(("done", None, None))
+    except Exception as err:  # egglog raises its own error types; report any, the parent decides
+        conn.send(("error", f"{type(err).__name__}: {err}", None))
+    finally:
+        conn.close()
+
+
+def _plan(rulesets: list[Ruleset]) -> tuple[list[tuple[str, list]], list]:
+    from ..rewrites.registry import STAGES
+    analysis = [r for rs in rulesets if rs.stage == "analysis" for r in rs.rules]
+    stages = [(stage, [r for rs in rulesets if rs.stage == stage for r in rs.rules])
+              for stage in STAGES if stage != "analysis"]
+    return [(s, rules) for s, rules in stages if rules], analysis
+
+
+def saturate(outputs, rulesets: list[Ruleset], limits: Limits = Limits(), isolate: bool = True) -> Saturated:
+    """Grow the program below `outputs` with the rulesets, stage by stage, within the limits."""
+    enc = encode(outputs)
+    stages, analysis = _plan(rulesets)
+    reports: list[StageReport] = []
+    last_dump = None
+    if not isolate:
+        messages: list = []
+        _run_stages(enc, stages, analysis, limits, messages.append)
+        for _, report, dumped in messages:
+            report.eclasses = sum(1 for c in json.loads(dumped)["class_data"].values() if c["type"] == "Term")
+            reports.append(report)
+            last_dump = dumped
+    else:
+        last_dump = _saturate_in_child(enc, stages, analysis, limits, reports)
+    if last_dump is None:  # nothing finished: the unsaturated program itself
+        last_dump = dump(new_egraph(enc))
+    return Saturated(enc, view(enc, last_dump), reports)
+
+
+def _saturate_in_child(enc, stages, analysis, limits, reports) -> str | None:
+    ctx = multiprocessing.get_context("fork")  # Nodes are not picklable; the child inherits them
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(child, enc, stages, analysis, limits), daemon=True)
+    proc.start()
+    child.close()
+    last_dump = None
+    while True:
+        try:
+            kind, report, dumped = parent.recv()
+        except EOFError:  # the child died mid-stage: an egglog abort or out of memory
+            proc.join()
+            done = {r.stage for r in reports}
+            stage = next((s for s, _ in stages if s not in done), "?")
+            reports.append(StageReport(stage, stop=f"crashed (exit code {proc.exitcode}); "
+                                                   "kept the e-graph of the stage before"))
+            return last_dump
+        if kind == "stage":
+            report.eclasses = sum(1 for c in json.loads(dumped)["class_data"].values() if c["type"] == "Term")
+            reports.append(report)
+            last_dump = dumped
+        elif kind == "error":
+            done = {r.stage for r in reports}
+            stage = next((s for s, _ in stages if s not in done), "?")
+            reports.append(StageReport(stage, stop=f"crashed: {report}; kept the e-graph of the stage before"))
+            proc.join()
+            return last_dump
+        else:
+            proc.join()
+            return last_dump
