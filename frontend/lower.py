@@ -10,7 +10,7 @@ import numpy as np
 import sympy
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 from torch.utils._sympy.numbers import int_oo
 
@@ -79,11 +79,21 @@ def lower_exported(ep: ExportedProgram, symbol_names: dict[str, str] | None = No
         elif fx.op == "call_function":
             env[fx.name] = _lower_call(fx, env, lowerings, names)
         elif fx.op == "output":
-            outputs = [_as_node(_resolve(a, env)) for a in pytree.tree_leaves(fx.args[0])]
+            outputs = [_as_node(_resolve(a, env)) for a in _user_outputs(ep, fx)]
     symbols = {names.get(str(s), str(s)): (_bound(r.lower), _bound(r.upper))
                for s, r in ep.range_constraints.items() if str(s).isidentifier()}
     return Graph(inputs=inputs, outputs=outputs, weights=weights, symbols=symbols,
                  out_spec=ep.call_spec.out_spec, in_spec=ep.call_spec.in_spec)
+
+
+def _user_outputs(ep: ExportedProgram, fx: torch.fx.Node) -> list:
+    """The module's own outputs, which out_spec describes: torch.export puts the new values of
+    inputs and buffers updated in place (batch norm's running statistics) before them."""
+    leaves = list(fx.args[0])
+    kinds = [s.kind for s in ep.graph_signature.output_specs]
+    if len(kinds) != len(leaves):
+        return pytree.tree_leaves(fx.args[0])
+    return pytree.tree_leaves([a for a, kind in zip(leaves, kinds) if kind == OutputKind.USER_OUTPUT])
 
 
 def _bound(value) -> int:

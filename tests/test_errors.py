@@ -18,6 +18,11 @@ class Sorts(torch.nn.Module):
         return torch.sort(x)[0]
 
 
+class Hypot(torch.nn.Module):
+    def forward(self, x):
+        return torch.hypot(x, x)
+
+
 class Branches(torch.nn.Module):
     def forward(self, x):
         if x.sum() > 0:  # data-dependent control flow: torch.export cannot trace it
@@ -32,9 +37,16 @@ class Scale(torch.nn.Module):
 
 def test_op_without_lowering_names_op_and_place():
     with pytest.raises(kiln.UnsupportedOp) as err:
-        kiln.lower(Sorts(), (torch.randn(3, 4),))
-    assert re.fullmatch(r"kiln: cannot lower aten\.sort \(at root \(Sorts\), test_errors\.py:\d+\); "
+        kiln.lower(Hypot(), (torch.randn(3, 4),))
+    assert re.fullmatch(r"kiln: cannot lower aten\.hypot \(at root \(Hypot\), test_errors\.py:\d+\); "
                         r"see 'kiln ops'", str(err.value)), str(err.value)
+
+
+def test_op_refused_on_purpose_says_why():
+    with pytest.raises(kiln.UnsupportedOp) as err:
+        kiln.lower(Sorts(), (torch.randn(3, 4),))
+    assert re.fullmatch(r"kiln: cannot lower aten\.sort \(at root \(Sorts\), test_errors\.py:\d+\): "
+                        r"needs sorting, .*; see 'kiln ops'", str(err.value)), str(err.value)
 
 
 def test_export_failure_is_summarized_with_a_hint():

@@ -1,2 +1,2 @@
 """ATen lowerings, one module per topic; importing this package fills the registry."""
-from . import creation, indexing, pointwise, reductions, views  # noqa: F401
+from . import creation, indexing, normalization, pointwise, reductions, scatter, spatial, views  # noqa: F401

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ...ir import DType, Expr, Node
 from ...ir import build
 from .. import math as m
-from ..registry import LowerCtx, aten, register_lowering
+from ..registry import LowerCtx, aten, register_lowering, unsupported
 
 
 @register_lowering(aten.full.default, aten.new_full.default)
@@ -22,7 +22,7 @@ def lower_full_like(ctx: LowerCtx, x, fill, **kwargs):
 
 @register_lowering(aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default,
                    aten.empty.memory_format, aten.empty_like.default, aten.new_empty.default,
-                   aten.empty_strided.default, aten.new_empty_strided.default)
+                   aten.empty_strided.default, aten.new_empty_strided.default, aten.empty_permuted.default)
 def lower_zeros(ctx: LowerCtx, *args, **kwargs):
     # empty tensors hold unspecified values; zeros keep the reference deterministic
     return build.constant(0, ctx.out_dtype, ctx.out_shape)
@@ -75,3 +75,13 @@ def lower_tril(ctx: LowerCtx, x, diagonal=0):
 @register_lowering(aten.triu.default)
 def lower_triu(ctx: LowerCtx, x, diagonal=0):
     return _triangle(ctx, x, diagonal, lower=False)
+
+
+# random numbers: a Kiln graph is deterministic, checked against the reference (export in eval mode,
+# where dropout is the identity; sample outside the graph)
+for _target in (aten.rand.default, aten.randn.default, aten.rand_like.default, aten.randn_like.default,
+                aten.randint_like.default, aten.randint_like.low_dtype, aten.bernoulli.p,
+                aten.bernoulli.default, aten.native_dropout.default, aten.normal.Tensor_Tensor,
+                aten.normal_functional.default, aten.uniform.default, aten.exponential.default,
+                aten.multinomial.default, aten.rrelu_with_noise_functional.default):
+    unsupported(_target, "random numbers: Kiln graphs are deterministic (export in eval mode)")

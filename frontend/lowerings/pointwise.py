@@ -96,19 +96,30 @@ pointwise(m.round_half_even, aten.round.default)
 # transcendental
 pointwise(m.exp, aten.exp.default, float_only=True)
 pointwise(lambda x: m.unary(Op.EXP2, x), aten.exp2.default, float_only=True)
-pointwise(lambda x: m.sub(m.exp(x), m.c(1, x)), aten.expm1.default, float_only=True)
+pointwise(m.expm1, aten.expm1.default, float_only=True)
 pointwise(m.log, aten.log.default, float_only=True)
 pointwise(lambda x: m.unary(Op.LOG2, x), aten.log2.default, float_only=True)
 pointwise(lambda x: m.mul(m.unary(Op.LOG2, x), m.c(pymath.log10(2), x)), aten.log10.default,
           float_only=True)
-pointwise(lambda x: m.log(m.add(x, m.c(1, x))), aten.log1p.default, float_only=True)
+pointwise(m.log1p, aten.log1p.default, float_only=True)
 pointwise(m.sqrt, aten.sqrt.default, float_only=True)
 pointwise(lambda x: m.recip(m.sqrt(x)), aten.rsqrt.default, float_only=True)
 pointwise(lambda x: m.unary(Op.SIN, x), aten.sin.default, float_only=True)
 pointwise(m.cos, aten.cos.default, float_only=True)
+pointwise(m.tan, aten.tan.default, float_only=True)
+pointwise(m.asin, aten.asin.default, float_only=True)
+pointwise(m.acos, aten.acos.default, float_only=True)
+pointwise(m.atan, aten.atan.default, float_only=True)
+pointwise(m.atan2, aten.atan2.default, float_only=True)
+pointwise(m.sinh, aten.sinh.default, float_only=True)
+pointwise(m.cosh, aten.cosh.default, float_only=True)
+pointwise(m.asinh, aten.asinh.default, float_only=True)
+pointwise(m.acosh, aten.acosh.default, float_only=True)
+pointwise(m.atanh, aten.atanh.default, float_only=True)
 pointwise(m.sigmoid, aten.sigmoid.default, float_only=True)
 pointwise(m.tanh, aten.tanh.default, float_only=True)
 pointwise(m.erf, aten.erf.default, float_only=True)
+pointwise(m.elu, aten.elu.default, float_only=True)
 
 # comparisons and logic (bool results)
 pointwise(m.lt, aten.lt.Tensor, aten.lt.Scalar)
@@ -122,6 +133,7 @@ pointwise(m.logical_and, aten.logical_and.default)
 pointwise(m.logical_or, aten.logical_or.default)
 pointwise(m.logical_xor, aten.logical_xor.default)
 pointwise(m.isnan, aten.isnan.default)
+pointwise(m.isinf, aten.isinf.default)
 
 
 def _bitwise(logic):
@@ -145,12 +157,35 @@ pointwise(lambda x: m.logical_not(x) if x.dtype is DType.BOOL else raise_unsuppo
 unsupported(aten.bitwise_left_shift.Tensor, "no shift primitive")
 unsupported(aten.bitwise_right_shift.Tensor, "no shift primitive")
 
+# functions without a primitive formulation accurate to f32 yet (each needs range-split series)
+for _target in (aten.erfc.default, aten.erfinv.default, aten.lgamma.default, aten.digamma.default,
+                aten.polygamma.default, aten.i0.default, aten.special_i0e.default, aten.special_i1.default,
+                aten.special_i1e.default, aten.special_erfcx.default, aten.special_ndtri.default,
+                aten.igamma.default, aten.igammac.default, aten.special_zeta.default):
+    unsupported(_target, "a special function with no accurate formulation in Kiln's primitives yet")
+for _target in (aten.nextafter.default, aten.frexp.Tensor, aten.ldexp.Tensor, aten.signbit.default,
+                aten.copysign.Tensor):
+    unsupported(_target, "reads or writes the float's bits; no bit-level primitive")
+for _target in (aten.complex.default, aten.polar.default, aten.view_as_complex.default,
+                aten.view_as_real.default, aten._conj.default, aten.angle.default, aten._fft_r2c.default,
+                aten._fft_c2c.default, aten._fft_c2r.default):
+    unsupported(_target, "complex numbers: Kiln's dtypes are real")
+
 
 @register_lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def lower_where(ctx: LowerCtx, cond, a, b):
     dtype = ctx.out_dtype
     a, b = operands(ctx, (a, b), dtype)
     return m.where(build.cast(cond, DType.BOOL), a, b)
+
+
+@register_lowering(aten.div.Tensor_mode)
+def lower_div_mode(ctx: LowerCtx, a, b, rounding_mode=None):
+    fn = {None: m.div, "trunc": m.trunc_divide, "floor": m.floor_divide}[rounding_mode]
+    dtype = promote([a, b])
+    if rounding_mode is None and not dtype.is_float:
+        dtype = DType.F32
+    return build.cast(fn(*operands(ctx, [a, b], opmath(dtype))), ctx.out_dtype)
 
 
 @register_lowering(aten.clamp.default, aten.clamp.Tensor)
@@ -196,6 +231,12 @@ def lower_gelu(ctx: LowerCtx, x, approximate="none"):
 def lower_copy(ctx: LowerCtx, x, *args, **kwargs):
     """Copies and dtype conversions: values flow through, cast to the recorded dtype."""
     return build.cast(x, ctx.out_dtype)
+
+
+@register_lowering(aten.copy.default)
+def lower_copy_into(ctx: LowerCtx, dst, src, non_blocking=False):
+    """The functional copy_: src's values (broadcast) in dst's shape and dtype."""
+    return build.cast(build.broadcast_to(src, dst.shape), ctx.out_dtype)
 
 
 @register_lowering(aten.pow.Tensor_Scalar)

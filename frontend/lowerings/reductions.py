@@ -1,15 +1,18 @@
-"""Reductions and the normalizations built on them; matmuls as broadcast multiply + SumReduce."""
+"""Reductions (sums, max and arg-max, variance, products, norms, cumulative) and matmuls as
+broadcast multiply + SumReduce."""
 from __future__ import annotations
 
-from ...ir import DType, Expr, Node, Op
+import math as pymath
+
+from ...ir import DType, Expr, Node, Op, UnsupportedOp
 from ...ir import build
 from ...ir.symbolic import prod
 from .. import math as m
-from ..registry import LowerCtx, aten, register_lowering
+from ..registry import LowerCtx, aten, register_lowering, unsupported
 from .pointwise import opmath
 
 
-def _axes(x: Node, dims) -> list[int]:
+def reduce_axes(x: Node, dims) -> list[int]:
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return list(range(x.rank))
     dims = [dims] if isinstance(dims, int) else dims
@@ -37,25 +40,25 @@ def mean(x: Node, axes: list[int], keepdim: bool = False) -> Node:
 @register_lowering(aten.sum.dim_IntList, aten.sum.default)
 def lower_sum(ctx: LowerCtx, x, dims=None, keepdim=False, dtype=None):
     work = opmath(ctx.out_dtype) if ctx.out_dtype is not DType.BOOL else DType.I64
-    return build.cast(sum_(build.cast(x, work), _axes(x, dims), keepdim), ctx.out_dtype)
+    return build.cast(sum_(build.cast(x, work), reduce_axes(x, dims), keepdim), ctx.out_dtype)
 
 
 @register_lowering(aten.mean.dim, aten.mean.default)
 def lower_mean(ctx: LowerCtx, x, dims=None, keepdim=False, dtype=None):
-    return build.cast(mean(build.cast(x, opmath(ctx.out_dtype)), _axes(x, dims), keepdim),
+    return build.cast(mean(build.cast(x, opmath(ctx.out_dtype)), reduce_axes(x, dims), keepdim),
                       ctx.out_dtype)
 
 
 @register_lowering(aten.amax.default)
 def lower_amax(ctx: LowerCtx, x, dims=(), keepdim=False):
-    return amax(x, _axes(x, dims), keepdim)
+    return amax(x, reduce_axes(x, dims), keepdim)
 
 
 @register_lowering(aten.amin.default)
 def lower_amin(ctx: LowerCtx, x, dims=(), keepdim=False):
     if x.dtype is DType.BOOL:
-        return m.logical_not(amax(m.logical_not(x), _axes(x, dims), keepdim))
-    return m.neg(amax(m.neg(x), _axes(x, dims), keepdim))
+        return m.logical_not(amax(m.logical_not(x), reduce_axes(x, dims), keepdim))
+    return m.neg(amax(m.neg(x), reduce_axes(x, dims), keepdim))
 
 
 def arg_best(x: Node, axis: int, keepdim: bool, largest: bool) -> tuple[Node, Node]:
@@ -74,19 +77,26 @@ def arg_best(x: Node, axis: int, keepdim: bool, largest: bool) -> tuple[Node, No
     return values, first
 
 
+def _along(x: Node, dim, keepdim: bool, largest: bool) -> tuple[Node, Node]:
+    """arg_best along dim; None flattens first, and a 0-d tensor is its own best at index 0."""
+    if dim is None or x.rank == 0:
+        return arg_best(build.reshape(x, (prod(x.shape),)), 0, keepdim and x.rank > 0, largest)
+    return arg_best(x, dim % x.rank, keepdim, largest)
+
+
 @register_lowering(aten.max.dim)
 def lower_max_dim(ctx: LowerCtx, x, dim, keepdim=False):
-    return arg_best(x, dim % x.rank, keepdim, largest=True)
+    return _along(x, dim, keepdim, largest=True)
 
 
 @register_lowering(aten.min.dim)
 def lower_min_dim(ctx: LowerCtx, x, dim, keepdim=False):
-    return arg_best(x, dim % x.rank, keepdim, largest=False)
+    return _along(x, dim, keepdim, largest=False)
 
 
 @register_lowering(aten.max.default)
 def lower_max(ctx: LowerCtx, x):
-    return amax(x, _axes(x, None))
+    return amax(x, reduce_axes(x, None))
 
 
 @register_lowering(aten.min.default)
@@ -94,31 +104,24 @@ def lower_min(ctx: LowerCtx, x):
     return lower_amin(ctx, x, None)
 
 
-def _arg(ctx: LowerCtx, x, dim, keepdim, largest):
-    if dim is None:
-        flat = build.reshape(x, (prod(x.shape),))
-        return arg_best(flat, 0, False, largest)[1]
-    return arg_best(x, dim % x.rank, keepdim, largest)[1]
-
-
 @register_lowering(aten.argmax.default)
 def lower_argmax(ctx: LowerCtx, x, dim=None, keepdim=False):
-    return _arg(ctx, x, dim, keepdim, largest=True)
+    return build.reshape(_along(x, dim, keepdim, largest=True)[1], ctx.out_shape)
 
 
 @register_lowering(aten.argmin.default)
 def lower_argmin(ctx: LowerCtx, x, dim=None, keepdim=False):
-    return _arg(ctx, x, dim, keepdim, largest=False)
+    return build.reshape(_along(x, dim, keepdim, largest=False)[1], ctx.out_shape)
 
 
 @register_lowering(aten.any.dim, aten.any.dims, aten.any.default)
 def lower_any(ctx: LowerCtx, x, dims=None, keepdim=False):
-    return amax(m.to_bool(x), _axes(x, dims), keepdim)
+    return amax(m.to_bool(x), reduce_axes(x, dims), keepdim)
 
 
 @register_lowering(aten.all.dim, aten.all.dims, aten.all.default)
 def lower_all(ctx: LowerCtx, x, dims=None, keepdim=False):
-    return m.logical_not(amax(m.logical_not(m.to_bool(x)), _axes(x, dims), keepdim))
+    return m.logical_not(amax(m.logical_not(m.to_bool(x)), reduce_axes(x, dims), keepdim))
 
 
 @register_lowering(aten.var.correction, aten.var.dim)
@@ -134,71 +137,89 @@ def lower_var_mean(ctx: LowerCtx, x, dims=None, correction=None, keepdim=False):
 
 def _var(x: Node, dims, unbiased, correction, keepdim):
     y = build.cast(x, opmath(x.dtype))
-    axes = _axes(y, dims)
+    axes = reduce_axes(y, dims)
     mu = mean(y, axes, keepdim=True)
     centered = m.sub(y, mu)
     ddof = 1 if correction is None and unbiased in (None, True) else (correction or 0)
-    n = m.sub(count(y, axes), build.constant(ddof, DType.F32))
+    # torch divides by max(N - ddof, 0): too few elements give 0/0 = NaN, never a negative count
+    n = m.maximum(m.sub(count(y, axes), build.constant(ddof, DType.F32)), build.constant(0, DType.F32))
     var = m.div(sum_(m.mul(centered, centered), axes, keepdim), n)
     return var, (mu if keepdim else build.reshape(mu, var.shape))
 
 
-@register_lowering(aten._softmax.default)
-def lower_softmax(ctx: LowerCtx, x, dim, half_to_float=False):
-    y = build.cast(x, opmath(x.dtype))
-    e = m.exp(m.sub(y, amax(y, [dim], keepdim=True)))
-    return build.cast(m.div(e, sum_(e, [dim], keepdim=True)), ctx.out_dtype)
+def product(x: Node, axis: int) -> Node:
+    """The product along one axis as a tree of pairwise Muls of strided slices, log2(n) levels:
+    there is no product primitive, and exp(sum(log)) would lose exactness and the sign."""
+    n = x.shape[axis]
+    if not n.is_const:
+        raise UnsupportedOp(f"kiln: a product along the symbolic axis {n} has no static tree")
+    n = n.value
+    rest = x.shape[:axis] + x.shape[axis + 1:]
+    if n == 0:
+        return build.constant(1, x.dtype, rest)
+    while n > 1:
+        evens, odds = build.slice_axis(x, axis, 0, n, 2), build.slice_axis(x, axis, 1, n, 2)
+        if n % 2:  # pair the last even element with a 1
+            odds = Node(Op.PAD, [odds], axis=axis, before=Expr.of(0), after=Expr.of(1), value=1.0)
+        x, n = m.mul(evens, odds), (n + 1) // 2
+    return build.reshape(x, rest)
 
 
-@register_lowering(aten._log_softmax.default)
-def lower_log_softmax(ctx: LowerCtx, x, dim, half_to_float=False):
-    y = build.cast(x, opmath(x.dtype))
-    shifted = m.sub(y, amax(y, [dim], keepdim=True))
-    return build.cast(m.sub(shifted, m.log(sum_(m.exp(shifted), [dim], keepdim=True))), ctx.out_dtype)
-
-
-@register_lowering(aten.logsumexp.default)
-def lower_logsumexp(ctx: LowerCtx, x, dims, keepdim=False):
+@register_lowering(aten.prod.default, aten.prod.dim_int)
+def lower_prod(ctx: LowerCtx, x, dim=None, keepdim=False, dtype=None):
     y = build.cast(x, opmath(ctx.out_dtype))
-    top = amax(y, _axes(y, dims), keepdim=True)
-    # an all -inf row has top = -inf; shift by 0 there so it stays -inf instead of NaN
-    top = m.where(m.isnan(m.sub(top, top)), m.c(0, top), top)
-    out = m.add(m.log(sum_(m.exp(m.sub(y, top)), _axes(y, dims), keepdim=True)), top)
-    return build.cast(build.reshape(out, ctx.out_shape), ctx.out_dtype)
+    if dim is None or y.rank == 0:
+        y, dim = build.reshape(y, (prod(y.shape),)), 0
+    return build.cast(build.reshape(product(y, dim % y.rank), ctx.out_shape), ctx.out_dtype)
 
 
-@register_lowering(aten.native_layer_norm.default)
-def lower_layer_norm(ctx: LowerCtx, x, normalized_shape, weight, bias, eps):
-    y = build.cast(x, opmath(x.dtype))
-    axes = list(range(x.rank - len(normalized_shape), x.rank))
-    mu = mean(y, axes, keepdim=True)
-    centered = m.sub(y, mu)
-    rstd = m.recip(m.sqrt(m.add(mean(m.mul(centered, centered), axes, keepdim=True), m.c(eps, y))))
-    out = m.mul(centered, rstd)
-    if weight is not None:
-        out = m.mul(out, build.cast(weight, out.dtype))
-    if bias is not None:
-        out = m.add(out, build.cast(bias, out.dtype))
-    return build.cast(out, x.dtype), mu, rstd
+def _cumulative(x: Node, dim: int, combine) -> Node:
+    """out[i] = combine over j of (x[j] where j <= i, else None): an [i, j] triangle along the axis,
+    O(n^2) elements; combine(terms [..., i, j], keep [i, j]) reduces the last axis."""
+    if x.rank == 0:
+        return x
+    dim = dim % x.rank
+    n = x.shape[dim]
+    moved = build.permute(x, [a for a in range(x.rank) if a != dim] + [dim])
+    keep = m.le(build.reshape(build.iota(n), (1, n)), build.reshape(build.iota(n), (n, 1)))  # [i, j]
+    out = combine(build.reshape(moved, moved.shape[:-1] + (Expr.of(1), n)), keep)
+    back = list(range(x.rank - 1))
+    back.insert(dim, x.rank - 1)
+    return build.permute(out, back)
 
 
 @register_lowering(aten.cumsum.default)
 def lower_cumsum(ctx: LowerCtx, x, dim, dtype=None):
-    """out[i] = sum_j x[j] * (j <= i): a triangular mask contraction, O(n^2) along the axis."""
-    work = opmath(ctx.out_dtype)
-    y = build.cast(x, work)
-    dim = dim % y.rank if y.rank else 0
-    if y.rank == 0:
-        return build.cast(y, ctx.out_dtype)
-    n = y.shape[dim]
-    j, i = build.reshape(build.iota(n), (n, 1)), build.reshape(build.iota(n), (1, n))
-    mask = build.cast(m.le(j, i), work)                       # [j, i]
-    moved = build.permute(y, [a for a in range(y.rank) if a != dim] + [dim])
-    terms = m.mul(build.reshape(moved, moved.shape + (Expr.of(1),)), mask)  # [..., j, i]
-    out = sum_(terms, [y.rank - 1])
-    back = list(range(y.rank - 1))
-    back.insert(dim, y.rank - 1)
-    return build.cast(build.permute(out, back), ctx.out_dtype)
+    y = build.cast(x, opmath(ctx.out_dtype))
+    # a mask multiply, so the sum is a contraction the backends run as a matmul
+    out = _cumulative(y, dim, lambda t, keep: sum_(m.mul(t, build.cast(keep, t.dtype)), [t.rank - 1]))
+    return build.cast(out, ctx.out_dtype)
+
+
+@register_lowering(aten.cumprod.default)
+def lower_cumprod(ctx: LowerCtx, x, dim, dtype=None):
+    y = build.cast(x, opmath(ctx.out_dtype))
+    out = _cumulative(y, dim, lambda t, keep: product(m.where(keep, t, m.c(1, t)), t.rank - 1))
+    return build.cast(out, ctx.out_dtype)
+
+
+@register_lowering(aten.linalg_vector_norm.default)
+def lower_vector_norm(ctx: LowerCtx, x, ord=2, dim=None, keepdim=False, dtype=None):
+    y = m.abs_(build.cast(x, opmath(ctx.out_dtype)))
+    axes = reduce_axes(y, dim)
+    if ord == pymath.inf:
+        out = amax(y, axes, keepdim)
+    elif ord == -pymath.inf:
+        out = m.neg(amax(m.neg(y), axes, keepdim))
+    elif ord == 0:
+        out = sum_(build.cast(m.ne(y, m.c(0, y)), y.dtype), axes, keepdim)
+    elif ord == 1:
+        out = sum_(y, axes, keepdim)
+    elif ord == 2:
+        out = m.sqrt(sum_(m.mul(y, y), axes, keepdim))
+    else:
+        out = m.pow_(sum_(m.pow_(y, ord), axes, keepdim), 1 / ord)
+    return build.cast(out, ctx.out_dtype)
 
 
 def matmul(a: Node, b: Node, out_dtype: DType) -> Node:
@@ -229,3 +250,19 @@ def lower_addmm(ctx: LowerCtx, bias, a, b, beta=1, alpha=1):
 @register_lowering(aten.baddbmm.default)
 def lower_baddbmm(ctx: LowerCtx, bias, a, b, beta=1, alpha=1):
     return lower_addmm(ctx, bias, a, b, beta, alpha)
+
+
+# order statistics: no sort primitive; an O(n^2) rank count would fit small rows, not a vocabulary
+for _target in (aten.sort.default, aten.sort.stable, aten.topk.default, aten.kthvalue.default,
+                aten.median.default, aten.median.dim, aten.nanmedian.default, aten.nanmedian.dim,
+                aten.mode.default, aten.cummax.default, aten.cummin.default, aten.searchsorted.Tensor,
+                aten.bucketize.Tensor, aten.histc.default):
+    unsupported(_target, "needs sorting, which Kiln has no primitive for (sample or rank before lowering)")
+# factorizations and solvers: pivoting and iteration, not a fixed dataflow of the primitives
+for _target in (aten._linalg_svd.default, aten.linalg_qr.default, aten._linalg_eigh.default,
+                aten.linalg_eig.default, aten.linalg_cholesky_ex.default, aten.linalg_inv_ex.default,
+                aten._linalg_solve_ex.default, aten._linalg_det.default, aten._linalg_slogdet.default,
+                aten.linalg_lu_factor_ex.default, aten.linalg_lu.default, aten.triangular_solve.default,
+                aten.linalg_solve_triangular.default, aten.linalg_pinv.atol_rtol_tensor,
+                aten.linalg_matrix_exp.default, aten.cholesky.default):
+    unsupported(_target, "a matrix factorization or solver (pivoting, iteration); not in the IR")

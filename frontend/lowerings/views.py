@@ -1,7 +1,7 @@
 """Shape and movement ops: they become views (Reshape, Permute, Expand, Slice, Pad, Concat)."""
 from __future__ import annotations
 
-from ...ir import Expr, Node, Op, ShapeError
+from ...ir import DType, Expr, Node, Op, ShapeError, UnsupportedOp
 from ...ir import build
 from ...ir.symbolic import fmt_shape, prod
 from ..registry import LowerCtx, aten, register_lowering
@@ -38,6 +38,8 @@ def lower_permute(ctx: LowerCtx, x, dims):
 
 @register_lowering(aten.transpose.int)
 def lower_transpose(ctx: LowerCtx, x, a, b):
+    if x.rank == 0:  # torch lets a 0-d tensor swap its (non-existent) axis 0 or -1 with itself
+        return x
     perm = list(range(x.rank))
     a, b = a % x.rank, b % x.rank
     perm[a], perm[b] = perm[b], perm[a]
@@ -104,10 +106,12 @@ def lower_select(ctx: LowerCtx, x, dim, index):
 
 @register_lowering(aten.cat.default, aten.concat.default)
 def lower_cat(ctx: LowerCtx, tensors, dim=0):
-    tensors = [t for t in tensors if not (t.rank == 1 and t.shape[0] == 0)]  # torch skips empty 1-d
-    dim = dim % tensors[0].rank
-    dtype = ctx.out_dtype
-    tensors = [build.cast(t, dtype) for t in tensors if t.shape[dim] != 0]
+    dim = dim % len(ctx.out_shape)
+    # torch skips empty 1-d tensors whatever the rank of the others; empty parts add nothing
+    tensors = [build.cast(t, ctx.out_dtype) for t in tensors
+               if not (t.rank == 1 and t.shape[0] == 0) and t.shape[dim] != 0]
+    if not tensors:
+        return build.constant(0, ctx.out_dtype, ctx.out_shape)
     return tensors[0] if len(tensors) == 1 else Node(Op.CONCAT, tensors, axis=dim)
 
 
@@ -137,20 +141,25 @@ def lower_unbind(ctx: LowerCtx, x, dim=0):
     return [lower_select(ctx, x, dim, i) for i in range(x.shape[dim].value)]
 
 
+def pad_axis(x: Node, axis: int, before, after, value: float = 0.0) -> Node:
+    """Pad one axis with value; a negative width crops instead."""
+    before, after = Expr.of(before), Expr.of(after)
+    if before.is_const and before.value < 0:
+        x = build.slice_axis(x, axis, -before, x.shape[axis])
+        before = Expr.of(0)
+    if after.is_const and after.value < 0:
+        x = build.slice_axis(x, axis, 0, x.shape[axis] + after)
+        after = Expr.of(0)
+    if before != 0 or after != 0:
+        x = Node(Op.PAD, [x], axis=axis, before=before, after=after, value=float(value))
+    return x
+
+
 @register_lowering(aten.constant_pad_nd.default)
 def lower_pad(ctx: LowerCtx, x, pad, value=0):
-    # pad lists (before, after) pairs from the last axis backwards; negative widths crop
+    # pad lists (before, after) pairs from the last axis backwards
     for i in range(len(pad) // 2):
-        axis = x.rank - 1 - i
-        before, after = Expr.of(pad[2 * i]), Expr.of(pad[2 * i + 1])
-        if before.is_const and before.value < 0:
-            x = build.slice_axis(x, axis, -before, x.shape[axis])
-            before = Expr.of(0)
-        if after.is_const and after.value < 0:
-            x = build.slice_axis(x, axis, 0, x.shape[axis] + after)
-            after = Expr.of(0)
-        if before != 0 or after != 0:
-            x = Node(Op.PAD, [x], axis=axis, before=before, after=after, value=float(value))
+        x = pad_axis(x, x.rank - 1 - i, pad[2 * i], pad[2 * i + 1], value)
     return x
 
 
@@ -162,3 +171,31 @@ def lower_repeat(ctx: LowerCtx, x, repeats):
     paired = build.reshape(x, tuple(d for s in x.shape for d in (Expr.of(1), s)))
     grown = build.expand(paired, tuple(d for r, s in zip(repeats, x.shape) for d in (Expr.of(r), s)))
     return build.reshape(grown, tuple(Expr.of(r) * s for r, s in zip(repeats, x.shape)))
+
+
+def flip(x: Node, axes) -> Node:
+    """Reversed along each axis: a Gather of n-1, n-2, ..., 0 (a Slice cannot step backwards)."""
+    for axis in axes:
+        n = x.shape[axis]
+        x = Node(Op.GATHER, [x, build.iota(n, DType.I64, start=n - 1, step=-1)], axis=axis)
+    return x
+
+
+@register_lowering(aten.flip.default)
+def lower_flip(ctx: LowerCtx, x, dims):
+    return flip(x, [d % x.rank for d in dims]) if x.rank else x
+
+
+@register_lowering(aten.diagonal.default, aten.diagonal_copy.default)
+def lower_diagonal(ctx: LowerCtx, x, offset=0, dim1=0, dim2=1):
+    """Move the two axes last and flatten them: the diagonal is then a Slice with step cols + 1."""
+    dim1, dim2 = dim1 % x.rank, dim2 % x.rank
+    rows, cols = x.shape[dim1], x.shape[dim2]
+    moved = build.permute(x, [a for a in range(x.rank) if a not in (dim1, dim2)] + [dim1, dim2])
+    flat = build.reshape(moved, moved.shape[:-2] + (rows * cols,))
+    length = ctx.out_shape[-1]
+    start = Expr.of(offset) if offset >= 0 else cols * -offset
+    stop = start + (length - 1) * (cols + 1) + 1 if length != 0 else start
+    if not cols.is_const:
+        raise UnsupportedOp(f"kiln: the diagonal of a matrix {cols} wide needs a symbolic slice step")
+    return build.slice_axis(flat, flat.rank - 1, start, stop, cols.value + 1)
