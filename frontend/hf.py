@@ -198,10 +198,8 @@ class LoweredLM:
         return self.cache.max_seq
 
 
-def lower_causal_lm(model: torch.nn.Module, max_seq: int) -> LoweredLM:
-    """Lower a transformers causal LM (Llama, Qwen2, GPT-2, ...) to a prefill graph with a dynamic
-    prompt length and a one-token decode graph with a functional static KV cache. The model is put
-    in eval mode; its weights become the graphs' weights."""
+def cache_spec(model: torch.nn.Module, max_seq: int) -> CacheSpec:
+    """The static KV cache a causal LM gets for max_seq positions; refuses what it cannot hold."""
     config = model.config.get_text_config()
     if "sliding_attention" in (getattr(config, "layer_types", None) or []):
         raise KilnError("kiln: sliding-window attention layers are not supported by the static KV cache")
@@ -210,15 +208,31 @@ def lower_causal_lm(model: torch.nn.Module, max_seq: int) -> LoweredLM:
         raise ShapeError(f"kiln: max_seq={max_seq} exceeds the model's max_position_embeddings={limit}")
     if max_seq < 2:
         raise ShapeError(f"kiln: max_seq must be at least 2, got {max_seq}")
-    spec = CacheSpec.from_model(model, max_seq)
-    model = model.eval()
-    prompt = torch.zeros((1, min(8, max_seq)), dtype=torch.long)
-    prefill = lower(PrefillStep(model, spec), (prompt,),
-                    dynamic_shapes={"ids": {1: Dim("seq", min=2, max=max_seq)}})
-    # separate tensors: a view of `prompt` would make torch.export add a symbol for its storage
+    return CacheSpec.from_model(model, max_seq)
+
+
+def lower_prefill(model: torch.nn.Module, spec: CacheSpec) -> Graph:
+    """ids [1, seq] with 2 <= seq <= max_seq -> logits and the filled caches."""
+    prompt = torch.zeros((1, min(8, spec.max_seq)), dtype=torch.long)
+    return lower(PrefillStep(model.eval(), spec), (prompt,),
+                 dynamic_shapes={"ids": {1: Dim("seq", min=2, max=spec.max_seq)}})
+
+
+def lower_decode(model: torch.nn.Module, spec: CacheSpec) -> Graph:
+    """ids [1, 1], pos, caches -> logits and the caches with one slot written."""
+    # separate tensors: a view of another example input would make torch.export add a symbol for
+    # its storage offset
     token = torch.zeros((1, 1), dtype=torch.long)
-    decode = lower(DecodeStep(model, spec), (token, torch.tensor(0), spec.zeros()))
-    return LoweredLM(prefill, decode, spec, int(config.vocab_size))
+    return lower(DecodeStep(model.eval(), spec), (token, torch.tensor(0), spec.zeros()))
+
+
+def lower_causal_lm(model: torch.nn.Module, max_seq: int) -> LoweredLM:
+    """Lower a transformers causal LM (Llama, Qwen2, GPT-2, ...) to a prefill graph with a dynamic
+    prompt length and a one-token decode graph with a functional static KV cache. The model is put
+    in eval mode; its weights become the graphs' weights."""
+    spec = cache_spec(model, max_seq)
+    vocab = int(model.config.get_text_config().vocab_size)
+    return LoweredLM(lower_prefill(model, spec), lower_decode(model, spec), spec, vocab)
 
 
 # ---- greedy generation through the reference interpreter --------------------------------------

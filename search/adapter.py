@@ -171,13 +171,14 @@ class Decoder:
                 continue
             seen.add(cid)
             stack.append(cid)
-            stack.extend(c for c in self._term_children(choice[cid]) if c not in seen)
+            stack.extend(c for c in self.term_children(choice[cid]) if c not in seen)
         for cid in order:
             if cid not in built:
-                built[cid] = self._node(choice[cid], built)
+                built[cid] = self.node(choice[cid], built)
         return [built[r] for r in self.graph.roots]
 
-    def _term_children(self, enode: ENode) -> list[str]:
+    def term_children(self, enode: ENode) -> list[str]:
+        """The e-class ids of an e-node's tensor inputs, in input order."""
         out = []
         for (_, kind), child in zip(FIELDS[OP_BY_EGG[enode.op]], enode.children):
             if kind is Field.TERM:
@@ -186,7 +187,9 @@ class Decoder:
                 out.extend(self.graph.classes[child].nodes[0].children)
         return out
 
-    def _node(self, enode: ENode, built: dict[str, Node]) -> Node:
+    def node(self, enode: ENode, built: dict[str, Node]) -> Node:
+        """One e-node as IR, its inputs taken from `built` (e-class id -> Node); the op table
+        re-derives shape and dtype, so an ill-typed e-node raises ShapeError or KilnTypeError."""
         op = OP_BY_EGG[enode.op]
         inputs, attrs = [], {}
         for (attr, kind), child in zip(FIELDS[op], enode.children):

@@ -58,11 +58,14 @@ def _run_stages(enc: Encoded, stages: list[tuple[str, list]], analysis: list, li
     analyses = ruleset(*(r.egg for r in analysis), name="analysis") if analysis else None
     for stage, rules in stages:
         report = StageReport(stage)
-        if not rules:
+        rules_now = ruleset(*(r.egg for r in rules), name=f"stage-{stage}") if rules else None
+        if analyses is not None:
+            schedule = analyses.saturate() + rules_now if rules_now is not None else analyses.saturate()
+        else:
+            schedule = rules_now
+        if schedule is None:
             send(("stage", report, dump(egraph)))
             continue
-        rules_now = ruleset(*(r.egg for r in rules), name=f"stage-{stage}")
-        schedule = (analyses.saturate() + rules_now) if analyses is not None else rules_now
         start = time.perf_counter()
         while True:
             run = egraph.run(schedule)
@@ -102,7 +105,9 @@ def _plan(rulesets: list[Ruleset]) -> tuple[list[tuple[str, list]], list]:
     analysis = [r for rs in rulesets if rs.stage == "analysis" for r in rs.rules]
     stages = [(stage, [r for rs in rulesets if rs.stage == stage for r in rs.rules])
               for stage in STAGES if stage != "analysis"]
-    return [(s, rules) for s, rules in stages if rules], analysis
+    stages = [(s, rules) for s, rules in stages if rules]
+    # analysis rules alone (a check of the analysis ruleset) still run, as a stage of their own
+    return stages or ([("analysis", [])] if analysis else []), analysis
 
 
 def saturate(outputs, rulesets: list[Ruleset], limits: Limits = Limits(), isolate: bool = True) -> Saturated:
