@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 
 import click
 
@@ -31,6 +32,8 @@ def main() -> None:
     weights, offline), 'minilm', 'llama-3.2-1b' (that shape, random weights), a local
     transformers folder, or 'hf:<Architecture> key=value ...' (random weights from a config).
     """
+    # torch.export's own pytree code trips a deprecation inside torch on every export: noise here
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
 
 
 @main.command()
@@ -111,6 +114,112 @@ def bench_frontend(models: tuple[str, ...], tokens: int, json_path: str | None) 
     """Export and lowering time, IR node counts, and interpreter time per token."""
     from .frontend.bench import run_frontend_bench
     run_frontend_bench(list(models), tokens, json_path)
+
+
+@bench.command("search")
+@click.option("--model", "models", multiple=True, default=("smollm2", "llama-3.2-1b"), show_default=True,
+              help="MODEL to measure (repeat for several).")
+@click.option("--graph", "which", type=click.Choice(["prefill", "decode"]), default="prefill",
+              show_default=True, help="Which of the model's graphs to search.")
+@click.option("--candidates", default=1000, show_default=True, type=click.IntRange(1, None),
+              help="Distinct candidates to draw per distinct region.")
+@click.option("--seconds", default=10.0, show_default=True,
+              help="Extraction time budget per distinct region.")
+@click.option("--check", default=20, show_default=True, type=click.IntRange(0, None),
+              help="Candidates per region checked against the reference interpreter.")
+@click.option("--no-whole", is_flag=True, help="Skip saturating the whole graph without dedupe.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here.")
+@_clean_errors
+def bench_search(models: tuple[str, ...], which: str, candidates: int, seconds: float, check: int,
+                 no_whole: bool, json_path: str | None) -> None:
+    """Saturation, layer dedupe and candidate extraction: sizes, times, distinct valid candidates."""
+    from .search.bench import run_search_bench
+    run_search_bench(list(models), which, candidates, seconds, check, json_path, whole=not no_whole)
+
+
+@main.group()
+def rules() -> None:
+    """Rewrite rules: what the library holds, whether a rule is sound, whether the search uses it."""
+
+
+def _selected_rulesets(topics: tuple[str, ...], files: tuple[str, ...]) -> list:
+    from .rewrites.registry import library, load_file
+    lib = library()
+    unknown = [t for t in topics if t not in lib]
+    if unknown:
+        raise KilnError(f"kiln: no ruleset '{unknown[0]}'; topics: {', '.join(sorted(lib))}")
+    chosen = [lib[t] for t in topics] + [load_file(f) for f in files]
+    return chosen or list(lib.values())
+
+
+def _columns(rows: list[tuple[str, ...]], indent: str = "  ") -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+
+
+@rules.command("check")
+@click.option("--ruleset", "topics", multiple=True, metavar="TOPIC",
+              help="A ruleset of the library to check (repeat for several; default: all of them).")
+@click.option("--rules", "files", multiple=True, type=click.Path(dir_okay=False), metavar="FILE",
+              help="A rule file outside the package (a draft) to check (repeatable).")
+@click.option("--programs", default=200, show_default=True, type=click.IntRange(1, None),
+              help="Random programs to saturate (up to 4x as many while a rule fired in fewer than 3).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random programs and inputs.")
+@_clean_errors
+def rules_check(topics: tuple[str, ...], files: tuple[str, ...], programs: int, seed: int) -> None:
+    """Fuzz rules for soundness; exit 1 if one is unsound or never fires.
+
+    Random small programs are saturated with the rules, and every e-node of every e-class is
+    evaluated with numpy: two members of one e-class that disagree name the rule that merged
+    them, with the smallest program that shows it.
+    """
+    from .rewrites.fuzz import check
+    report = check(_selected_rulesets(topics, files), programs=programs, seed=seed)
+    if not report.ok:
+        click.echo(report.format())
+        sys.exit(1)
+    rows = [(r.full_name, f"fired in {report.fired_in.get(r.full_name, 0)} programs",
+             f"({report.fired[r.full_name]} matches)") for r in report.rules]
+    click.echo(_columns(rows))
+    click.echo(f"ok: {report.summary()}")
+
+
+@rules.command("list")
+@click.option("--model", metavar="MODEL",
+              help="Also saturate MODEL's lowered prefill graph and show how often each rule matched.")
+@_clean_errors
+def rules_list(model: str | None) -> None:
+    """List the library's rules; with --model, how often each matched on a model.
+
+    Each rule with its stage and why; disabled rules with their reason.
+    """
+    from .rewrites.registry import library
+    lib = library()
+    fired: dict[str, int] | None = None
+    if model is not None:
+        from .frontend import catalog, hf
+        from .search.saturate import saturate
+        graph = hf.lower_causal_lm(catalog.load(model).model, max_seq=64).prefill
+        result = saturate(graph.outputs, list(lib.values()))
+        fired = {}
+        click.echo(f"{model} prefill, {len(graph.nodes())} IR nodes, saturated with the library:")
+        for stage in result.stages:
+            click.echo(f"  stage {stage.stage}: {stage.iterations} iterations, {stage.enodes:,} e-nodes, "
+                       f"{stage.eclasses:,} e-classes, {stage.seconds:.2f} s, {stage.stop}")
+            for name, count in stage.matches.items():
+                fired[name] = fired.get(name, 0) + count
+        click.echo()
+    rows = [("rule", "stage", *(("matches",) if fired is not None else ()), "why")]
+    for topic, rs in sorted(lib.items(), key=lambda kv: kv[0]):
+        for r in rs.rules:
+            count = (str(fired.get(r.full_name, 0)),) if fired is not None else ()
+            rows.append((r.full_name, rs.stage, *count, r.why))
+    click.echo(_columns(rows, indent=""))
+    disabled = [(rule.full_name, reason) for _, rs in sorted(lib.items())
+                for reason, rule in rs.disabled.values()]
+    if disabled:
+        click.echo("\ndisabled (kept out of every stage):")
+        click.echo(_columns(disabled))
 
 
 if __name__ == "__main__":

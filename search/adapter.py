@@ -151,6 +151,9 @@ class Decoder:
     def literal(self, cid: str):
         cls = self.graph.classes[cid]
         node = cls.nodes[0]
+        if cls.type in ("i64", "String"):
+            # the literal itself has no children; analysis entries (const_value) may share its class
+            node = next(n for n in cls.nodes if not n.children)
         if cls.type == "i64":
             return int(node.op)
         if cls.type == "String":
