@@ -90,8 +90,13 @@ def run_frontend_bench(specs: list[str], tokens: int, json_path: str | None) -> 
             f"{r['decode_max_rel_error_vs_eager']:.1e}")
     console.print(table)
     if json_path:
-        tmp = json_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(rows, f, indent=2)
-        os.replace(tmp, json_path)
+        write_json(json_path, rows)
     return rows
+
+
+def write_json(path: str, data) -> None:
+    """Write through a temporary file and rename: a reader never sees half a file."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)

@@ -9,7 +9,6 @@ stitched from a candidate per distinct region is checked end to end.
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import random
@@ -20,6 +19,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from ..frontend.bench import write_json
 from ..ir import DType, Graph, evaluate, run
 from ..rewrites.registry import library
 from . import extract, regions
@@ -169,10 +169,7 @@ def run_search_bench(specs: list[str], which: str, per_region: int, seconds: flo
     for r in reports:
         console.print(_region_table(r))
     if json_path:
-        tmp = json_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(reports, f, indent=2)
-        os.replace(tmp, json_path)
+        write_json(json_path, reports)
     return reports
 
 
