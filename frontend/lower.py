@@ -69,7 +69,8 @@ def lower_exported(ep: ExportedProgram, symbol_names: dict[str, str] | None = No
             shape = tuple(to_expr(d, names) for d in val.shape)
             dtype = kiln_dtype(val.dtype)
             if spec is not None and spec.kind != InputKind.USER_INPUT:
-                tensor = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
+                tensor = ep.state_dict.get(spec.target)
+                tensor = ep.constants[spec.target] if tensor is None else tensor
                 weights[spec.target] = to_numpy(tensor, dtype)
                 env[fx.name] = Node(Op.INPUT, name=spec.target, role="weight", shape=shape, dtype=dtype)
             else:

@@ -120,7 +120,7 @@ def saturate(outputs, rulesets: list[Ruleset], limits: Limits = Limits(), isolat
         messages: list = []
         _run_stages(enc, stages, analysis, limits, messages.append)
         for _, report, dumped in messages:
-            report.eclasses = sum(1 for c in json.loads(dumped)["class_data"].values() if c["type"] == "Term")
+            report.eclasses = _term_classes(dumped)
             reports.append(report)
             last_dump = dumped
     else:
@@ -142,21 +142,19 @@ def _saturate_in_child(enc, stages, analysis, limits, reports) -> str | None:
             kind, report, dumped = parent.recv()
         except EOFError:  # the child died mid-stage: an egglog abort or out of memory
             proc.join()
-            done = {r.stage for r in reports}
-            stage = next((s for s, _ in stages if s not in done), "?")
-            reports.append(StageReport(stage, stop=f"crashed (exit code {proc.exitcode}); "
-                                                   "kept the e-graph of the stage before"))
-            return last_dump
+            kind, report = "error", f"the e-graph process died (exit code {proc.exitcode})"
         if kind == "stage":
-            report.eclasses = sum(1 for c in json.loads(dumped)["class_data"].values() if c["type"] == "Term")
+            report.eclasses = _term_classes(dumped)
             reports.append(report)
             last_dump = dumped
-        elif kind == "error":
+            continue
+        if kind == "error":
             done = {r.stage for r in reports}
             stage = next((s for s, _ in stages if s not in done), "?")
-            reports.append(StageReport(stage, stop=f"crashed: {report}; kept the e-graph of the stage before"))
-            proc.join()
-            return last_dump
-        else:
-            proc.join()
-            return last_dump
+            reports.append(StageReport(stage, stop=f"crashed: {report}; kept the e-graph before it"))
+        proc.join()
+        return last_dump
+
+
+def _term_classes(dumped: str) -> int:
+    return sum(1 for c in json.loads(dumped)["class_data"].values() if c["type"] == "Term")

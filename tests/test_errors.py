@@ -58,7 +58,8 @@ def test_interpret_checks_count_dtype_and_shape():
     g = kiln.lower(Scale(), (torch.randn(2, 3),))
     with pytest.raises(kiln.KilnTypeError, match=r"takes 1 tensor inputs \(x\), got 2"):
         kiln.interpret(g, torch.randn(2, 3), torch.randn(2, 3))
-    with pytest.raises(kiln.KilnTypeError, match=r"input 0 \('x'\): expected dtype torch.float32, got torch.int64"):
+    with pytest.raises(kiln.KilnTypeError,
+                       match=r"input 0 \('x'\): expected dtype torch.float32, got torch.int64"):
         kiln.interpret(g, torch.ones(2, 3, dtype=torch.int64))
     with pytest.raises(kiln.ShapeError, match=r"input 0 \('x'\): expected shape \[2, 3\], got \(3, 2\)"):
         kiln.interpret(g, torch.randn(3, 2))
