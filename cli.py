@@ -67,9 +67,9 @@ def show(model: str, max_seq: int, decode: bool, full: bool) -> None:
     """Lower MODEL and print its IR: a summary, then one line per node."""
     from .frontend import catalog, hf
     from .ir.printer import format_graph, summary
-    loaded = catalog.load(model)
-    lowered = hf.lower_causal_lm(loaded.model, max_seq=max_seq)
-    graph = lowered.decode if decode else lowered.prefill
+    loaded = catalog.load(model).model
+    spec = hf.cache_spec(loaded, max_seq)
+    graph = hf.lower_decode(loaded, spec) if decode else hf.lower_prefill(loaded, spec)
     click.echo(summary(graph))
     click.echo(format_graph(graph, max_lines=None if full else 60))
 
@@ -199,7 +199,8 @@ def rules_list(model: str | None) -> None:
     if model is not None:
         from .frontend import catalog, hf
         from .search.saturate import saturate
-        graph = hf.lower_causal_lm(catalog.load(model).model, max_seq=64).prefill
+        loaded = catalog.load(model).model
+        graph = hf.lower_prefill(loaded, hf.cache_spec(loaded, max_seq=64))
         result = saturate(graph.outputs, list(lib.values()))
         fired = {}
         click.echo(f"{model} prefill, {len(graph.nodes())} IR nodes, saturated with the library:")
