@@ -259,6 +259,20 @@ class _Builder:
             raise ShapeError("no change")
         return Node(Op.EXPAND, [x], shape=shape), None
 
+    def viewed_unary(self):
+        """A unary op on a fresh view: the pattern view rules move the op across."""
+        view, _ = self.choice([self.permute, self.reshape, self.expand])()
+        if not view.dtype.is_float:
+            raise ShapeError("no float view")
+        return Node(self.choice(UNARY), [view]), None
+
+    def expand_twice(self):
+        """Two Expands in a row, each growing one of two fresh unit axes."""
+        x = self.pick()
+        x = Node(Op.RESHAPE, [x], shape=(Expr.of(1), Expr.of(1)) + x.shape)
+        once = Node(Op.EXPAND, [x], shape=(self.dim(), Expr.of(1)) + x.shape[2:])
+        return Node(Op.EXPAND, [once], shape=(once.shape[0], self.dim()) + x.shape[2:]), None
+
     def slice(self):
         x = self.pick(lambda n: n.rank >= 1)
         axis = int(self.rng.integers(x.rank))
@@ -334,7 +348,8 @@ def _least(expr: Expr) -> int:
 STEPS = {  # step -> weight
     "binary": 5, "identity": 4, "where": 2.5, "unary": 2, "compare": 1, "negate": 1, "reduce": 2,
     "cast": 1, "permute": 1.5, "reshape": 1.5, "expand": 1.5, "slice": 1, "pad": 1, "concat": 1,
-    "iota": 0.5, "matmul": 0.7, "gather": 0.5, "slice_update": 0.5,
+    "iota": 0.5, "matmul": 0.7, "gather": 0.5, "slice_update": 0.5, "viewed_unary": 1.5,
+    "expand_twice": 0.5,
 }
 _NAMES, _WEIGHTS = list(STEPS), np.array(list(STEPS.values())) / sum(STEPS.values())
 

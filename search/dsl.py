@@ -15,7 +15,7 @@ from .language import (Dim, Term, add, cast, concat, constant, dim_lit, dim_sym,
 __all__ = [
     "Dim", "Rule", "String", "Term", "Vec", "add", "cast", "concat", "const_value", "constant",
     "dim_lit", "dim_sym", "dims", "eq", "holds", "exp2", "expand", "facts", "gather", "i64", "input_", "ints",
-    "iota", "less_than", "log2", "max_reduce", "mod", "mul", "ne", "pad", "permute", "recip",
+    "iota", "less_than", "log2", "max_reduce", "mod", "mul", "ne", "pad", "permute", "perms", "recip",
     "reshape", "rewrites", "rule", "set_", "sin", "slice_", "slice_update", "sqrt", "strings",
     "sum_reduce", "terms", "union", "where",
 ]
@@ -38,6 +38,10 @@ def terms(names: str) -> list[Term]:
 
 def dims(names: str) -> list[Vec[Dim]]:
     return list(vars_(names, Vec[Dim]))
+
+
+def perms(names: str) -> list[Vec[i64]]:
+    return list(vars_(names, Vec[i64]))
 
 
 def ints(names: str) -> list[i64]:

@@ -8,6 +8,7 @@ reached, and the report says so, instead of taking the compile down.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import multiprocessing
 import resource
@@ -90,6 +91,8 @@ def _run_stages(enc: Encoded, stages: list[tuple[str, list]], analysis: list, li
 
 
 def _child(conn, enc, stages, analysis, limits) -> None:
+    # an abort here is expected and reported by the parent; no Python crash dump on stderr
+    faulthandler.disable()
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
     try:
         _run_stages(enc, stages, analysis, limits, conn.send)
