@@ -141,6 +141,18 @@ def view(enc: Encoded, dumped: str) -> EGraphView:
     return EGraphView(classes, [lets[r] for r in enc.roots])
 
 
+def term_children(graph: EGraphView, enode: ENode) -> list[str]:
+    """The e-class ids of an e-node's tensor inputs, in input order (a Concat's Vec[Term] members
+    included); attribute classes, and the analysis facts they may hold, are not inputs."""
+    out = []
+    for (_, kind), child in zip(FIELDS[OP_BY_EGG[enode.op]], enode.children):
+        if kind is Field.TERM:
+            out.append(child)
+        elif kind is Field.TERMS:
+            out.extend(graph.classes[child].nodes[0].children)
+    return out
+
+
 # --- a choice of e-nodes back to IR ------------------------------------------------------------
 class Decoder:
     """Rebuilds IR from chosen e-nodes; shapes and dtypes are re-derived by the op table."""
@@ -181,14 +193,7 @@ class Decoder:
         return [built[r] for r in self.graph.roots]
 
     def term_children(self, enode: ENode) -> list[str]:
-        """The e-class ids of an e-node's tensor inputs, in input order."""
-        out = []
-        for (_, kind), child in zip(FIELDS[OP_BY_EGG[enode.op]], enode.children):
-            if kind is Field.TERM:
-                out.append(child)
-            elif kind is Field.TERMS:
-                out.extend(self.graph.classes[child].nodes[0].children)
-        return out
+        return term_children(self.graph, enode)
 
     def node(self, enode: ENode, built: dict[str, Node]) -> Node:
         """One e-node as IR, its inputs taken from `built` (e-class id -> Node); the op table

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..ir import Node
-from .adapter import Decoder, EGraphView, ENode, Encoded
+from .adapter import Decoder, EGraphView, ENode, Encoded, term_children
 
 Genome = tuple[int, ...]
 _UNSEEN, _ON_PATH, _DONE = 0, 1, 2
@@ -57,7 +57,7 @@ class ChoiceSpace:
         self.class_ids = [c.id for c in term]
         self.enodes: list[list[ENode]] = [c.nodes for c in term]
         self.children: list[list[tuple[int, ...]]] = [
-            [tuple(index[k] for k in _term_children(view, n)) for n in c.nodes] for c in term]
+            [tuple(index[k] for k in term_children(view, n)) for n in c.nodes] for c in term]
         self.roots = [index[r] for r in view.roots]
         self.choosable = [k for k, nodes in enumerate(self.enodes) if len(nodes) > 1]
         self.lowest = _least_height_enodes(self.children)
@@ -79,20 +79,6 @@ def space(view: EGraphView) -> ChoiceSpace:
         cached = _SPACES[id(view)] = ChoiceSpace(view)
         weakref.finalize(view, _SPACES.pop, id(view), None)
     return cached
-
-
-def _term_children(view: EGraphView, enode: ENode) -> list[str]:
-    """Term e-classes an e-node reads: Term children, and the members of a Vec[Term] (Concat).
-    Attribute classes (i64, String, Dim, Vec[Dim]) hold literals; `const_value` facts in String
-    classes are analysis results, not program parts, so they are never followed."""
-    out = []
-    for cid in enode.children:
-        cls = view.classes[cid]
-        if cls.type == "Term":
-            out.append(cid)
-        elif cls.type.startswith("egglog.builtins.Vec") and cls.type.endswith("Term]"):
-            out.extend(cls.nodes[0].children)
-    return out
 
 
 def _least_height_enodes(children: list[list[tuple[int, ...]]]) -> list[int]:

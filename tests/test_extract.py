@@ -45,13 +45,14 @@ def run_all(outputs, feeds, env=None):
 # --- a hand-made e-graph with cycles -------------------------------------------------------------
 def cyclic_view() -> EGraphView:
     """R = A + B | B + A;  A = x | A * one | exp2(B);  B = log2(A) | y;  one = 1.
-    A * one closes a cycle at once, exp2(B) with B = log2(A) through B."""
+    A * one closes a cycle at once, exp2(B) with B = log2(A) through B. The leaves x, y and 1 are
+    Input/Constant e-nodes whose attribute children are left out: nothing here decodes them."""
     def cls(cid, *nodes):
         return EClass(cid, "Term", [ENode(f"{cid}.{k}", op, kids) for k, (op, kids) in enumerate(nodes)])
     classes = [cls("R", ("Add", ("A", "B")), ("Add", ("B", "A"))),
-               cls("A", ("x", ()), ("Mul", ("A", "one")), ("Exp2", ("B",))),
-               cls("B", ("Log2", ("A",)), ("y", ())),
-               cls("one", ("1", ()))]
+               cls("A", ("Input", ()), ("Mul", ("A", "one")), ("Exp2", ("B",))),
+               cls("B", ("Log2", ("A",)), ("Input", ())),
+               cls("one", ("Constant", ()))]
     return EGraphView({c.id: c for c in classes}, ["R"])
 
 
