@@ -15,6 +15,7 @@ from kiln.search import extract
 from kiln.search.adapter import EClass, EGraphView, ENode
 from kiln.search.bench import agrees
 from kiln.search.saturate import saturate
+from kiln.tests.helpers import Logits, tiny_llama
 
 
 def assert_valid(view: EGraphView, genome) -> None:
@@ -161,24 +162,10 @@ def test_two_thousand_candidates_of_a_small_block_equal_the_reference():
     check_candidates(graph, sat, args, 2000, random.Random(4))
 
 
-class Logits(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids):
-        return self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-
-
 @pytest.fixture(scope="module")
 def llama_one_layer():
     """A 1-layer random Llama's logits for 6 tokens, saturated with the whole rule library."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=2,
-                                         num_key_value_heads=1)).eval()
-    graph = kiln.lower(Logits(model), (torch.randint(0, 64, (1, 6)),))
+    graph = kiln.lower(Logits(tiny_llama(1)), (torch.randint(0, 64, (1, 6)),))
     return graph, saturate(graph.outputs, list(library().values()))
 
 

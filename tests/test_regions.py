@@ -4,7 +4,6 @@ import random
 
 import numpy as np
 import pytest
-import torch
 
 from kiln.ir import DType, Graph, Node, Op, build, evaluate, run
 from kiln.ir.symbolic import shape_of
@@ -12,17 +11,13 @@ from kiln.rewrites.registry import library
 from kiln.search import extract, regions
 from kiln.search.bench import agrees
 from kiln.search.saturate import saturate
+from kiln.tests.helpers import tiny_llama
 
 
 @pytest.fixture(scope="module")
 def llama_three_layers():
-    from transformers import LlamaConfig, LlamaForCausalLM
     from kiln.frontend import hf
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=3, num_attention_heads=2,
-                                         num_key_value_heads=1)).eval()
-    return hf.lower_causal_lm(model, max_seq=16)
+    return hf.lower_causal_lm(tiny_llama(3), max_seq=16)
 
 
 def call_args(lm, which: str) -> list[np.ndarray]:

@@ -51,21 +51,8 @@ def test_round_trip_returns_the_same_nodes():
 def test_round_trip_of_a_lowered_model_evaluates_the_same():
     import torch
     import kiln
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=2,
-                                         num_key_value_heads=1)).eval()
-
-    class Logits(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids):
-            return self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-
-    g = kiln.lower(Logits(), (torch.randint(0, 64, (1, 6)),))
+    from kiln.tests.helpers import Logits, tiny_llama
+    g = kiln.lower(Logits(tiny_llama(1)), (torch.randint(0, 64, (1, 6)),))
     enc, graph = encoded_view(g.outputs)
     rebuilt = Decoder(enc, graph).build({c.id: c.nodes[0] for c in graph.classes.values()})
     ids = np.random.default_rng(1).integers(0, 64, (1, 6))
