@@ -1,0 +1,269 @@
+"""Kernel IR -> C (gcc, OpenMP). Every subexpression is computed once, at the outermost loop
+whose variables it uses; reductions become local accumulator loops, vectorized with `omp simd`."""
+from __future__ import annotations
+
+import math
+
+from ..ir.dtypes import DType, accumulator
+from ..ir.ops import ELEMENTWISE, Op
+from ..ir.symbolic import Call, Expr
+from .kernel import (Apply, Bind, Const, InRange, IndexValue, Kernel, KernelConfig, Load, Reduce,
+                     Scalar)
+
+# storage types; f16/bf16 are stored as their bits and computed in float
+STORAGE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DType.I32: "int32_t",
+           DType.I64: "int64_t", DType.BOOL: "bool"}
+COMPUTE = {**STORAGE, DType.F16: "float", DType.BF16: "float"}
+
+PRELUDE = r"""
+#include <stdint.h>
+#include <stdbool.h>
+#include <math.h>
+#include <string.h>
+static inline int64_t kiln_min(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t kiln_max(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline float kiln_bf16_load(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t kiln_bf16_store(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float kiln_f16_load(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
+static inline uint16_t kiln_f16_store(float f) { _Float16 v = (_Float16)f; uint16_t h; memcpy(&h, &v, 2); return h; }
+static inline float kiln_bf16_round(float f) { return kiln_bf16_load(kiln_bf16_store(f)); }
+static inline float kiln_f16_round(float f) { return kiln_f16_load(kiln_f16_store(f)); }
+"""
+
+_UNARY_F32 = {Op.EXP2: "exp2f({0})", Op.LOG2: "log2f({0})", Op.SIN: "sinf({0})",
+              Op.SQRT: "sqrtf({0})", Op.RECIP: "(1.0f / {0})"}
+
+
+def op_code(op: Op, dtype: DType, operand: DType, args: list[str]) -> str:
+    """C for one elementwise op; `operand` is the type of its (first data) input."""
+    if op in _UNARY_F32:
+        return _UNARY_F32[op].format(*args)
+    a, b = args[0], args[-1]
+    if op is Op.ADD:
+        return f"({a} || {b})" if dtype is DType.BOOL else f"({a} + {b})"
+    if op is Op.MUL:
+        return f"({a} && {b})" if dtype is DType.BOOL else f"({a} * {b})"
+    if op is Op.MOD:
+        return f"fmodf({a}, {b})" if operand.is_float else f"({b} == 0 ? 0 : {a} % {b})"
+    if op is Op.LESS_THAN:
+        return f"({a} < {b})"
+    if op is Op.WHERE:
+        return f"({args[0]} ? {args[1]} : {args[2]})"
+    if op is Op.CAST:
+        if dtype is DType.BOOL:
+            return f"({a} != 0)"
+        return f"(({COMPUTE[dtype]})({a}))"
+    raise NotImplementedError(f"no C for {op.value}")
+
+
+def literal(value, dtype: DType) -> str:
+    if dtype is DType.BOOL:
+        return "true" if value else "false"
+    if dtype.is_int:
+        return f"INT64_C({int(value)})" if dtype is DType.I64 else f"{int(value)}"
+    value = float(value)
+    if math.isnan(value):
+        return "NAN"
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "(-INFINITY)"
+    return f"{value!r}f" if "e" in repr(value) or "." in repr(value) else f"{value!r}.0f"
+
+
+def index_code(expr: Expr) -> str:
+    parts = []
+    for mono, coeff in expr.terms:
+        factors = [a if isinstance(a, str) else _call_code(a) for a in mono]
+        if coeff != 1 or not factors:
+            factors.insert(0, f"INT64_C({coeff})")
+        parts.append("*".join(factors))
+    return "(" + " + ".join(parts) + ")" if parts else "INT64_C(0)"
+
+
+def _call_code(call: Call) -> str:
+    a, b = (index_code(x) for x in call.args)
+    return {"floordiv": f"({a} / {b})", "mod": f"({a} % {b})",
+            "max": f"kiln_max({a}, {b})", "min": f"kiln_min({a}, {b})"}[call.fn]
+
+
+def load_code(buffer: str, index: str, dtype: DType) -> str:
+    raw = f"{buffer}[{index}]"
+    if dtype is DType.BF16:
+        return f"kiln_bf16_load({raw})"
+    if dtype is DType.F16:
+        return f"kiln_f16_load({raw})"
+    return raw
+
+
+def store_code(value: str, dtype: DType) -> str:
+    if dtype is DType.BF16:
+        return f"kiln_bf16_store({value})"
+    if dtype is DType.F16:
+        return f"kiln_f16_store({value})"
+    return value
+
+
+def free_vars(s: Scalar, memo: dict) -> frozenset[str]:
+    """Names a scalar's value depends on (loop, reduce and bind variables, graph symbols)."""
+    if s in memo:
+        return memo[s]
+    if isinstance(s, Load):
+        out = frozenset(s.index.symbols())
+    elif isinstance(s, IndexValue):
+        out = frozenset(s.expr.symbols())
+    elif isinstance(s, InRange):
+        out = frozenset(s.expr.symbols() | s.lo.symbols() | s.hi.symbols())
+    elif isinstance(s, Reduce):
+        out = (free_vars(s.body, memo) - {s.var}) | s.extent.symbols()
+    elif isinstance(s, Bind):
+        out = free_vars(s.value, memo) | (free_vars(s.body, memo) - {s.var})
+    else:
+        out = frozenset().union(*(free_vars(c, memo) for c in s.children()))
+    memo[s] = out
+    return out
+
+
+class _Body:
+    """Statements per loop level; level 0 is before the loops, level k inside loop k."""
+
+    def __init__(self, loops, config: KernelConfig):
+        self.config = config
+        self.level = {v: k + 1 for k, (v, _) in enumerate(loops)}
+        self.blocks: dict[int, list[str]] = {k: [] for k in range(len(loops) + 1)}
+        self.memo: dict[Scalar, tuple[str, int]] = {}
+        self.vars_memo: dict = {}
+        self.count = 0
+
+    def level_of(self, names) -> int:
+        return max((self.level.get(n, 0) for n in names), default=0)
+
+    def temp(self, code: str, dtype: DType, level: int) -> str:
+        self.count += 1
+        name = f"t{self.count}"
+        self.blocks[level].append(f"const {COMPUTE[dtype]} {name} = {code};")
+        return name
+
+    def emit(self, s: Scalar) -> tuple[str, int]:
+        if s in self.memo:
+            return self.memo[s]
+        if isinstance(s, Const):
+            return literal(s.value, s.dtype), 0
+        if isinstance(s, IndexValue):
+            return f"(({COMPUTE[s.dtype]}){index_code(s.expr)})", self.level_of(s.expr.symbols())
+        if isinstance(s, InRange):
+            e = index_code(s.expr)
+            level = self.level_of(s.expr.symbols() | s.lo.symbols() | s.hi.symbols())
+            result = (f"({index_code(s.lo)} <= {e} && {e} < {index_code(s.hi)})", level)
+        elif isinstance(s, Load):
+            level = self.level_of(s.index.symbols())
+            code = load_code(s.buffer, index_code(s.index), s.dtype)
+            result = (self.temp(code, s.dtype, level), level)
+        elif isinstance(s, Apply):
+            args = [self.emit(a) for a in s.args]
+            level = max(l for _, l in args)
+            operand = s.args[1].dtype if s.op is Op.WHERE else s.args[0].dtype
+            code = op_code(s.op, s.dtype, operand, [c for c, _ in args])
+            if s.dtype in (DType.BF16, DType.F16) and s.op in ELEMENTWISE:
+                code = f"kiln_{s.dtype.value}_round({code})"
+            result = (self.temp(code, s.dtype, level), level)
+        elif isinstance(s, Bind):
+            if s.var not in self.level:
+                value, level = self.emit(s.value)
+                self.blocks[level].append(f"const int64_t {s.var} = (int64_t)({value});")
+                self.level[s.var] = level
+            result = self.emit(s.body)
+        elif isinstance(s, Reduce):
+            result = self.reduce(s)
+        else:
+            raise NotImplementedError(type(s).__name__)
+        self.memo[s] = result
+        return result
+
+    def reduce(self, s: Reduce) -> tuple[str, int]:
+        level = self.level_of(free_vars(s, self.vars_memo))
+        inner_level = level + 1
+        saved_block, saved_memo = self.blocks.get(inner_level), dict(self.memo)
+        inner: list[str] = []
+        self.blocks[inner_level] = inner
+        self.level[s.var] = inner_level
+        value, _ = self.emit(s.body)
+        self.blocks[inner_level] = saved_block if saved_block is not None else []
+        # temps made inside the loop are gone after it
+        self.memo = {k: v for k, v in self.memo.items() if k in saved_memo or v[1] <= level}
+        self.count += 1
+        acc, acc_type = f"acc{self.count}", COMPUTE[accumulator(s.dtype)]
+        body_type = COMPUTE[s.body.dtype]
+        if s.op is Op.SUM_REDUCE:
+            init, update = "0", f"{acc} += ({acc_type}){value};"
+            pragma = f"#pragma omp simd reduction(+:{acc})" if self.config.simd else ""
+        else:
+            init = "-INFINITY" if s.dtype.is_float else ("false" if s.dtype is DType.BOOL else "INT64_MIN")
+            acc_type = body_type
+            update = f"{acc} = ({value} > {acc} || {value} != {value}) ? {value} : {acc};"
+            pragma = ""
+        unroll = f"#pragma GCC unroll {self.config.unroll}" if self.config.unroll > 1 else ""
+        extent = index_code(s.extent)
+        block = self.blocks[level]
+        block.append(f"{acc_type} {acc} = {init};")
+        block.extend(p for p in (pragma, unroll) if p)
+        block.append(f"for (int64_t {s.var} = 0; {s.var} < {extent}; {s.var}++) {{")
+        block.extend("  " + line for line in inner)
+        block.append(f"  {update}")
+        block.append("}")
+        code = f"({COMPUTE[s.dtype]}){acc}"
+        return self.temp(code, s.dtype, level), level
+
+
+def emit_c(kernel: Kernel, config: KernelConfig, name: str) -> str:
+    """One C function `void name(out, in..., const int64_t* sym)` for the kernel."""
+    loops = ordered_loops(kernel, config)
+    body = _Body(loops, config)
+    value, _ = body.emit(kernel.value)
+    n = len(loops)
+    store_level = body.level_of(kernel.store.symbols())
+    if store_level < n:
+        raise ValueError("a kernel's store must depend on its innermost loop")
+    body.blocks[n].append(f"{kernel.output.name}[{index_code(kernel.store)}] = "
+                          f"{store_code(value, kernel.output.dtype)};")
+    params = [f"{STORAGE[kernel.output.dtype]}* restrict {kernel.output.name}"]
+    params += [f"const {STORAGE[b.dtype]}* restrict {b.name}" for b in kernel.inputs]
+    params.append("const int64_t* restrict kiln_sym")
+    lines = [f"void {name}({', '.join(params)}) {{"]
+    lines += [f"  const int64_t {s} = kiln_sym[{i}];" for i, s in enumerate(kernel.symbols)]
+    lines += ["  " + line for line in body.blocks[0]]
+    parallel = _collapse(body, config.parallel, n)
+    indent = "  "
+    for k, (var, extent) in enumerate(loops):
+        if k == 0 and parallel:
+            collapse = f" collapse({parallel})" if parallel > 1 else ""
+            lines.append(f"{indent}#pragma omp parallel for{collapse} schedule(static)")
+        lines.append(f"{indent}for (int64_t {var} = 0; {var} < {index_code(extent)}; {var}++) {{")
+        indent += "  "
+        lines += [indent + line for line in body.blocks[k + 1]]
+    for k in range(n, 0, -1):
+        indent = indent[:-2]
+        lines.append(indent + "}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def ordered_loops(kernel: Kernel, config: KernelConfig):
+    """The output loops with the one the config names moved outermost (a GEMM reads each weight
+    row once when its output-feature loop is outside the token loop)."""
+    loops = list(kernel.loops)
+    if 0 < config.outer < len(loops):
+        loops.insert(0, loops.pop(config.outer))
+    return loops
+
+
+def _collapse(body: _Body, wanted: int, loops: int) -> int:
+    """Loops collapsed into one parallel loop must be perfectly nested: no statements between."""
+    depth = 0
+    while depth < min(wanted, loops):
+        depth += 1
+        if body.blocks[depth] and depth < min(wanted, loops):
+            break
+    return depth

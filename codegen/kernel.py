@@ -1,0 +1,178 @@
+"""The kernel IR both emitters render: a loop nest over an output buffer whose element value is a
+scalar expression tree. Loads carry flat index expressions (views are already resolved into
+them); a Reduce is a loop inside the expression; a Bind names a loaded integer (a gather index, a
+slice start) so index expressions can use it. Emitters hoist every subexpression to the
+outermost loop whose variables it uses, so one template covers elementwise chains, reductions
+with prologue and epilogue, GEMV and GEMM."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.dtypes import DType
+from ..ir.ops import Op
+from ..ir.symbolic import Expr
+
+
+class Scalar:
+    """A node of a kernel's expression tree; structural equality (hash cached: trees are shared)."""
+    __slots__ = ()
+    dtype: DType
+
+    def children(self) -> tuple[Scalar, ...]:
+        return ()
+
+
+def _scalar(cls):
+    cls = dataclass(frozen=True, eq=True, slots=True)(cls)
+    plain_hash = cls.__hash__
+
+    def cached_hash(self):
+        try:
+            return object.__getattribute__(self, "_h")
+        except AttributeError:
+            h = plain_hash(self)
+            object.__setattr__(self, "_h", h)
+            return h
+    cls.__hash__ = cached_hash
+    return cls
+
+
+@_scalar
+class Load(Scalar):
+    buffer: str
+    index: Expr
+    dtype: DType
+    _h: int = field(default=0, compare=False, repr=False)
+
+
+@_scalar
+class Const(Scalar):
+    value: Any
+    dtype: DType
+    _h: int = field(default=0, compare=False, repr=False)
+
+
+@_scalar
+class IndexValue(Scalar):
+    """An integer index expression used as a value (an Iota)."""
+    expr: Expr
+    dtype: DType
+    _h: int = field(default=0, compare=False, repr=False)
+
+
+@_scalar
+class InRange(Scalar):
+    """lo <= expr < hi, as a bool (the masks of pad, concat and slice update)."""
+    expr: Expr
+    lo: Expr
+    hi: Expr
+    dtype: DType = DType.BOOL
+    _h: int = field(default=0, compare=False, repr=False)
+
+
+@_scalar
+class Apply(Scalar):
+    op: Op
+    args: tuple[Scalar, ...]
+    dtype: DType
+    _h: int = field(default=0, compare=False, repr=False)
+
+    def children(self):
+        return self.args
+
+
+@_scalar
+class Reduce(Scalar):
+    op: Op                      # SUM_REDUCE or MAX_REDUCE
+    var: str
+    extent: Expr
+    body: Scalar
+    dtype: DType
+    _h: int = field(default=0, compare=False, repr=False)
+
+    def children(self):
+        return (self.body,)
+
+
+@_scalar
+class Bind(Scalar):
+    """body, with `var` in its index expressions standing for the integer value."""
+    var: str
+    value: Scalar
+    body: Scalar
+    dtype: DType
+    _h: int = field(default=0, compare=False, repr=False)
+
+    def children(self):
+        return (self.value, self.body)
+
+
+@dataclass(frozen=True)
+class BufferArg:
+    name: str
+    dtype: DType
+    size: Expr                  # elements
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """output[store] = value for every point of the loop nest (variables in order, extents)."""
+    output: BufferArg
+    inputs: tuple[BufferArg, ...]
+    loops: tuple[tuple[str, Expr], ...]
+    store: Expr
+    value: Scalar
+    symbols: tuple[str, ...]                       # graph symbols passed as int64 arguments
+    bounds: tuple[tuple[str, int, int], ...]       # ranges of the graph symbols
+    label: str = ""                                # what it computes, for reports
+
+    @property
+    def reduce_extent(self) -> Expr | None:
+        return self.value.extent if isinstance(self.value, Reduce) else None
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """The launch choices the loop-nest template exposes: which output loop runs outermost, how
+    many outer loops are split among threads (0: one thread), whether reduction loops are
+    vectorized (OpenMP simd on CPU), and how far they are unrolled."""
+    outer: int = 0
+    parallel: int = 1
+    simd: bool = True
+    unroll: int = 1
+
+    def key(self) -> str:
+        return f"outer{self.outer}-par{self.parallel}-simd{int(self.simd)}-unroll{self.unroll}"
+
+    def to_json(self) -> dict:
+        return {"outer": self.outer, "parallel": self.parallel, "simd": self.simd, "unroll": self.unroll}
+
+    @staticmethod
+    def from_json(data: dict) -> KernelConfig:
+        return KernelConfig(int(data["outer"]), int(data["parallel"]), bool(data["simd"]),
+                            int(data["unroll"]))
+
+
+def config_space(kernel: Kernel) -> list[KernelConfig]:
+    """Every configuration worth timing for a kernel, the default first."""
+    loops = len(kernel.loops)
+    reduces = _has_reduce(kernel.value)
+    space = [KernelConfig()]
+    for outer in range(max(1, loops)):
+        for parallel in sorted({0, min(1, loops), min(2, loops)}):
+            for simd in ((True, False) if reduces else (True,)):
+                for unroll in ((1, 4) if reduces else (1,)):
+                    c = KernelConfig(outer, parallel, simd, unroll)
+                    if c not in space:
+                        space.append(c)
+    return space
+
+
+def _has_reduce(s: Scalar) -> bool:
+    return isinstance(s, Reduce) or any(_has_reduce(c) for c in s.children())
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:20]

@@ -1,0 +1,310 @@
+"""From an IR graph to kernels: decide which nodes get a buffer (materialize) and inline the rest
+into the kernels that read them, resolving views into index expressions.
+
+A node gets a buffer when it is an output, a reduction, a slice update, or an elementwise result
+that would be recomputed (read by several kernels, or broadcast) and whose inlined cost (ops in
+its cone) exceeds the policy's limit. The limits are a search knob (see FusionPolicy)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir.dtypes import DType
+from ..ir.graph import Graph, Node, toposort
+from ..ir.ops import ELEMENTWISE, IOTA_INDEX, REDUCE, VIEWS, Op
+from ..ir.symbolic import Expr, prod, sym
+from .index import interval, linear, reshape_index, substitute
+from .kernel import (Apply, Bind, BufferArg, Const, InRange, IndexValue, Kernel, Load, Reduce,
+                     Scalar)
+
+
+@dataclass(frozen=True)
+class FusionPolicy:
+    """How much elementwise work may be recomputed instead of stored: `inline_limit` ops for a
+    value several kernels read, `broadcast_limit` for one read under a broadcast (recomputed for
+    every broadcast element, e.g. an activation feeding a matrix product)."""
+    inline_limit: int = 12
+    broadcast_limit: int = 1
+
+    def key(self) -> str:
+        return f"inline{self.inline_limit}-bcast{self.broadcast_limit}"
+
+
+@dataclass
+class Buffer:
+    name: str
+    dtype: DType
+    shape: tuple[Expr, ...]
+    role: str                       # "input", "weight", "temp"
+    source: str = ""                # the input's or weight's name
+
+    @property
+    def size(self) -> Expr:
+        return prod(self.shape)
+
+
+@dataclass
+class Program:
+    """Kernels in launch order over named buffers. `outputs[i]` is the buffer holding graph
+    output i; `aliases` maps an output buffer written in place to the input buffer it reuses."""
+    buffers: dict[str, Buffer]
+    kernels: list[Kernel]
+    outputs: list[str]
+    inputs: list[str]
+    weights: dict[str, str]                          # buffer -> weight name
+    symbols: dict[str, tuple[int, int]]
+    aliases: dict[str, str] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)   # buffer -> the IR node it holds
+
+
+def schedule(graph: Graph, policy: FusionPolicy = FusionPolicy()) -> Program:
+    return _Scheduler(graph, policy).run()
+
+
+class _Scheduler:
+    def __init__(self, graph: Graph, policy: FusionPolicy):
+        self.graph, self.policy = graph, policy
+        self.order = toposort(graph.outputs)
+        self.users: dict[int, list[Node]] = {}
+        for node in self.order:
+            for i in node.inputs:
+                self.users.setdefault(id(i), []).append(node)
+        self.bounds = {name: (lo, hi) for name, (lo, hi) in graph.symbols.items()}
+        self.probe = {name: max(lo, min(hi, 7)) for name, (lo, hi) in graph.symbols.items()}
+        self.buffers: dict[str, Buffer] = {}
+        self.buffer_of: dict[int, str] = {}
+        self.counter = 0
+
+    # --- what gets a buffer -------------------------------------------------------------------
+    def run(self) -> Program:
+        inputs = [self._buffer(n, "input", n.attrs["name"]) for n in self.graph.inputs]
+        weights = {}
+        for n in self.order:
+            if n.op is Op.INPUT and n.attrs["role"] == "weight":
+                weights[self._buffer(n, "weight", n.attrs["name"])] = n.attrs["name"]
+        roots = self._roots()
+        kernels, aliases = [], {}
+        for node in self.order:
+            if id(node) in roots:
+                name = self._buffer(node, "temp")
+                kernel, alias = self._kernel(node, name)
+                kernels.append(kernel)
+                if alias:
+                    aliases[name] = alias
+        outputs = [self.buffer_of[id(n)] for n in self.graph.outputs]
+        nodes = {name: n for n in self.order if (name := self.buffer_of.get(id(n)))}
+        return Program(self.buffers, kernels, outputs, inputs, weights, dict(self.graph.symbols),
+                       aliases, nodes)
+
+    def _roots(self) -> set[int]:
+        roots = {id(n) for n in self.graph.outputs if n.op is not Op.INPUT}
+        cost: dict[int, int] = {}
+        broadcast: set[int] = set()
+        for node in reversed(self.order):      # consumers first: broadcast flows to producers
+            if node.op is Op.EXPAND and node.inputs[0].shape != node.shape or (
+                    node.op in VIEWS and id(node) in broadcast):
+                broadcast.update(id(i) for i in node.inputs)
+        for node in self.order:
+            if node.op in REDUCE or node.op is Op.SLICE_UPDATE:
+                roots.add(id(node))
+            if node.op in (Op.INPUT, Op.CONSTANT, Op.IOTA) or id(node) in roots:
+                cost[id(node)] = 0
+                continue
+            own = 0 if node.op in VIEWS else 1
+            cost[id(node)] = own + sum(cost[id(i)] for i in node.inputs)
+            if node.op in ELEMENTWISE or node.op is Op.GATHER:
+                limit = (self.policy.broadcast_limit if id(node) in broadcast else
+                         self.policy.inline_limit if len(self.users.get(id(node), ())) > 1 else None)
+                if limit is not None and cost[id(node)] > limit:
+                    roots.add(id(node))
+                    cost[id(node)] = 0
+        return roots
+
+    def _buffer(self, node: Node, role: str, source: str = "") -> str:
+        if id(node) in self.buffer_of:
+            return self.buffer_of[id(node)]
+        name = f"b{len(self.buffers)}"
+        self.buffers[name] = Buffer(name, node.dtype, node.shape, role, source)
+        self.buffer_of[id(node)] = name
+        return name
+
+    # --- one kernel ---------------------------------------------------------------------------
+    def _kernel(self, root: Node, out: str) -> tuple[Kernel, str | None]:
+        self.reads: dict[str, Buffer] = {}
+        self.memo: dict[tuple, Scalar] = {}
+        self.fresh = 0
+        shape = root.shape
+        alias = self._in_place_target(root)
+        if alias:
+            # write only the slice: loops over the update, the store offset moves by the start
+            dst, src, start = root.inputs
+            axis = root.attrs["axis"]
+            loops, idx = self._loops(src.shape)
+            value = self._value(src, idx)
+            begin = _clamped(self._value(start, []), dst.shape[axis] - src.shape[axis] + 1)
+            var = self._var("g")
+            store_idx = list(idx)
+            store_idx[axis] = idx[axis] + sym(var)
+            value = Bind(var, begin, value, value.dtype)
+            store = linear(store_idx, shape)
+        else:
+            loops, idx = self._loops(shape)
+            value = self._value(root, idx, top=True)
+            store = linear(idx, shape)
+        syms = sorted(set(self.graph.symbols) & _symbols_used(loops, value, store))
+        kernel = Kernel(
+            output=BufferArg(out, root.dtype, prod(shape)),
+            inputs=tuple(BufferArg(b.name, b.dtype, b.size) for b in self.reads.values()),
+            loops=tuple(loops), store=store, value=value, symbols=tuple(syms),
+            bounds=tuple((s, *self.bounds[s]) for s in syms), label=_label(root))
+        return kernel, alias
+
+    def _in_place_target(self, node: Node) -> str | None:
+        """A slice update of an input read by nothing else writes into that input's buffer."""
+        if node.op is not Op.SLICE_UPDATE:
+            return None
+        dst = node.inputs[0]
+        if dst.op is Op.INPUT and dst.attrs["role"] == "input" and len(self.users[id(dst)]) == 1:
+            return self.buffer_of[id(dst)]
+        return None
+
+    def _loops(self, shape) -> tuple[list[tuple[str, Expr]], list[Expr]]:
+        """A loop per axis longer than one; the index of a size-1 axis is 0."""
+        loops, idx = [], []
+        for n in shape:
+            if n == 1:
+                idx.append(Expr.of(0))
+                continue
+            var = self._var("i")
+            self.bounds[var] = (0, max(0, _upper(n, self.bounds) - 1))
+            loops.append((var, n))
+            idx.append(sym(var))
+        return loops, idx
+
+    def _var(self, prefix: str) -> str:
+        self.fresh += 1
+        return f"{prefix}{self.fresh}"
+
+    def _value(self, node: Node, idx: list[Expr], top: bool = False) -> Scalar:
+        key = (id(node), tuple(idx))
+        if key not in self.memo:
+            self.memo[key] = self._compute(node, idx, top)
+        return self.memo[key]
+
+    def _load(self, node: Node, idx: list[Expr]) -> Scalar:
+        name = self.buffer_of[id(node)]
+        self.reads[name] = self.buffers[name]
+        return Load(name, linear(idx, node.shape), node.dtype)
+
+    def _compute(self, node: Node, idx: list[Expr], top: bool) -> Scalar:
+        op, a = node.op, node.attrs
+        if not top and id(node) in self.buffer_of:
+            return self._load(node, idx)
+        if op in ELEMENTWISE:
+            return Apply(op, tuple(self._value(i, idx) for i in node.inputs), node.dtype)
+        if op is Op.CONSTANT:
+            return Const(a["value"], node.dtype)
+        if op is Op.IOTA:
+            return IndexValue(substitute(a["expr"], {IOTA_INDEX: idx[0]}), node.dtype)
+        if op in REDUCE:
+            var, axis = self._var("r"), a["axis"]
+            extent = node.inputs[0].shape[axis]
+            self.bounds[var] = (0, max(0, _upper(extent, self.bounds) - 1))
+            body = self._value(node.inputs[0], idx[:axis] + [sym(var)] + idx[axis:])
+            return Reduce(op, var, extent, body, node.dtype)
+        if op is Op.GATHER:
+            table, index = node.inputs
+            axis, k = a["axis"], index.rank
+            var = self._var("g")
+            self.bounds[var] = (0, max(0, _upper(table.shape[axis], self.bounds) - 1))
+            where = self._value(index, idx[axis:axis + k])
+            row = self._value(table, idx[:axis] + [sym(var)] + idx[axis + k:])
+            return Bind(var, _clamped(where, table.shape[axis]), row, node.dtype)
+        if op is Op.SLICE_UPDATE:
+            dst, src, start = node.inputs
+            axis = a["axis"]
+            var = self._var("g")
+            self.bounds[var] = (0, max(0, _upper(dst.shape[axis] - src.shape[axis], self.bounds)))
+            inside = InRange(idx[axis], sym(var), sym(var) + src.shape[axis])
+            shifted = list(idx)
+            shifted[axis] = (idx[axis] - sym(var)).max(0).min(src.shape[axis] - 1)
+            body = Apply(Op.WHERE, (inside, self._value(src, shifted), self._value(dst, idx)),
+                         node.dtype)
+            begin = _clamped(self._value(start, []), dst.shape[axis] - src.shape[axis] + 1)
+            return Bind(var, begin, body, node.dtype)
+        if op in VIEWS:
+            return self._view(node, idx)
+        raise NotImplementedError(f"no kernel lowering for {op.value}")
+
+    def _view(self, node: Node, idx: list[Expr]) -> Scalar:
+        op, a, x = node.op, node.attrs, node.inputs[0]
+        if op is Op.PERMUTE:
+            inner = [Expr.of(0)] * x.rank
+            for out_axis, in_axis in enumerate(a["perm"]):
+                inner[in_axis] = idx[out_axis]
+            return self._value(x, inner)
+        if op is Op.EXPAND:
+            return self._value(x, [Expr.of(0) if n == 1 else i for i, n in zip(idx, x.shape)])
+        if op is Op.RESHAPE:
+            return self._value(x, reshape_index(idx, node.shape, x.shape, self.bounds, self.probe))
+        if op is Op.SLICE:
+            inner = list(idx)
+            inner[a["axis"]] = idx[a["axis"]] * a["step"] + a["start"]
+            return self._value(x, inner)
+        if op is Op.PAD:
+            axis, before = a["axis"], a["before"]
+            inner = list(idx)
+            inner[axis] = (idx[axis] - before).max(0).min(x.shape[axis] - 1)
+            inside = InRange(idx[axis], before, before + x.shape[axis])
+            return Apply(Op.WHERE, (inside, self._value(x, inner), Const(a["value"], node.dtype)),
+                         node.dtype)
+        if op is Op.CONCAT:
+            axis, offset = a["axis"], Expr.of(0)
+            pieces = []
+            for part in node.inputs:
+                inner = list(idx)
+                inner[axis] = (idx[axis] - offset).max(0).min(part.shape[axis] - 1)
+                pieces.append((offset + part.shape[axis], self._value(part, inner)))
+                offset = offset + part.shape[axis]
+            value = pieces[-1][1]
+            for end, piece in reversed(pieces[:-1]):
+                value = Apply(Op.WHERE, (InRange(idx[axis], Expr.of(0), end), piece, value),
+                              node.dtype)
+            return value
+        raise NotImplementedError(f"no kernel lowering for view {op.value}")
+
+
+def _clamped(where: Scalar, extent: Expr) -> Scalar:
+    """A data-dependent index (a gather's, a slice update's start) clamped into [0, extent): a
+    bad token id or position cannot touch memory outside its buffer. Callers check inputs before
+    a call; this keeps memory safe regardless."""
+    zero = Const(0, where.dtype)
+    top = Apply(Op.ADD, (IndexValue(extent, where.dtype), Const(-1, where.dtype)), where.dtype)
+    low = Apply(Op.WHERE, (Apply(Op.LESS_THAN, (where, zero), DType.BOOL), zero, where), where.dtype)
+    return Apply(Op.WHERE, (Apply(Op.LESS_THAN, (top, low), DType.BOOL), top, low), where.dtype)
+
+
+def _upper(extent: Expr, bounds) -> int:
+    r = interval(extent, bounds)
+    if r is None:
+        raise ValueError(f"extent {extent} has an unbounded symbol")
+    return r[1]
+
+
+def _symbols_used(loops, value: Scalar, store: Expr) -> set[str]:
+    names = set(store.symbols())
+    for _, n in loops:
+        names |= n.symbols()
+    stack = [value]
+    while stack:
+        s = stack.pop()
+        for e in (getattr(s, "index", None), getattr(s, "expr", None), getattr(s, "lo", None),
+                  getattr(s, "hi", None), getattr(s, "extent", None)):
+            if e is not None:
+                names |= e.symbols()
+        stack.extend(s.children())
+    return names
+
+
+def _label(node: Node) -> str:
+    return f"{node.op.value}{[str(d) for d in node.shape]}".replace("'", "")
+

@@ -1,0 +1,149 @@
+"""Artifact folders, written atomically: everything goes into a temporary sibling folder, is
+fsynced, and is renamed into place, so `folder` is always either the old artifact or the whole
+new one, never half of either.
+
+Layout: the caller's files, `weights.safetensors` (the tensors, bf16 included: safetensors
+stores BF16 natively and reads it back as ml_dtypes.bfloat16) and `manifest.json`, written last,
+carrying the "format" that `read_artifact` checks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Callable
+
+import numpy as np
+import safetensors.numpy
+from safetensors import SafetensorError, safe_open
+
+from ..ir.errors import KilnError
+
+ARTIFACT_FORMAT = 1
+MANIFEST = "manifest.json"
+WEIGHTS = "weights.safetensors"
+
+
+def write_artifact(folder: Path, files: dict[str, bytes | str],
+                   tensors: dict[str, np.ndarray] | None = None) -> None:
+    """Write `files` (name -> content; a "manifest.json" entry, if any, is a JSON object, which
+    gets the "format" key) and `tensors` as the artifact at `folder`, replacing a previous one."""
+    folder = Path(folder)
+    manifest = {**_caller_manifest(files), "format": ARTIFACT_FORMAT}
+    _check_target(folder)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    except OSError as err:
+        raise KilnError(f"kiln: cannot write {folder}: {_reason(err)}") from err
+    try:
+        for name, content in files.items():
+            if name != MANIFEST:
+                _write(staging / _relative(name), content)
+        # a non-contiguous array would be written from its raw buffer, in memory order
+        safetensors.numpy.save_file({k: np.asarray(v, order="C") for k, v in (tensors or {}).items()},
+                                    staging / WEIGHTS)
+        _fsync(staging / WEIGHTS)
+        _write(staging / MANIFEST, json.dumps(manifest, indent=1))
+        for subfolder, _, _ in os.walk(staging):  # their entries, so the files survive a crash
+            _fsync(Path(subfolder))
+        _move_into_place(staging, folder)
+    except (OSError, SafetensorError) as err:
+        raise KilnError(f"kiln: cannot write {folder}: {_reason(err)}") from err
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already when the rename succeeded
+
+
+def read_artifact(folder: Path) -> tuple[dict, Callable[[str], bytes], dict[str, np.ndarray]]:
+    """(manifest, open_file(name) -> bytes, tensors) of the artifact at `folder`."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise KilnError(f"kiln: {folder} is not a folder; pass the folder `kiln compile` wrote")
+    if not (folder / MANIFEST).is_file():
+        raise KilnError(f"kiln: {folder} is not a Kiln artifact (it has no {MANIFEST})")
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise KilnError(f"kiln: the artifact {folder} is corrupted: {MANIFEST}: {err}") from err
+    if not isinstance(manifest, dict) or "format" not in manifest:
+        raise KilnError(f"kiln: the artifact {folder} is corrupted: {MANIFEST} has no format")
+    if manifest["format"] != ARTIFACT_FORMAT:
+        raise KilnError(f"kiln: the artifact {folder} has format {manifest['format']!r}, this Kiln "
+                        f"reads format {ARTIFACT_FORMAT}; compile the model again")
+    try:
+        # BF16 reads back as ml_dtypes.bfloat16, which kiln.ir.dtypes registers with numpy
+        with safe_open(folder / WEIGHTS, framework="np") as weights:
+            tensors = {name: weights.get_tensor(name) for name in weights.keys()}
+    except (OSError, SafetensorError) as err:
+        raise KilnError(f"kiln: the artifact {folder} is corrupted: {WEIGHTS}: {err}") from err
+
+    def open_file(name: str) -> bytes:
+        try:
+            return (folder / _relative(name)).read_bytes()
+        except OSError as err:
+            raise KilnError(f"kiln: the artifact {folder} is corrupted: cannot read {name}: "
+                            f"{_reason(err)}") from err
+
+    return manifest, open_file, tensors
+
+
+def _caller_manifest(files: dict[str, bytes | str]) -> dict:
+    content = files.get(MANIFEST, "{}")
+    manifest = json.loads(content)
+    if not isinstance(manifest, dict):
+        raise TypeError(f"{MANIFEST} must be a JSON object, got {type(manifest).__name__}")
+    return manifest
+
+
+def _relative(name: str) -> PurePosixPath:
+    # names may come from a manifest read from disk: none may point outside the folder
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts or name in ("", ".", WEIGHTS):
+        raise KilnError(f"kiln: {name!r} is not a file name an artifact may hold")
+    return path
+
+
+def _check_target(folder: Path) -> None:
+    if folder.is_dir() and ((folder / MANIFEST).is_file() or not any(folder.iterdir())):
+        return
+    if folder.exists() or folder.is_symlink():
+        raise KilnError(f"kiln: {folder} exists and is not a Kiln artifact; choose another --out")
+
+
+def _reason(err: Exception) -> str:
+    return getattr(err, "strerror", None) or str(err)
+
+
+def _write(path: Path, content: bytes | str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(content.encode() if isinstance(content, str) else content)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _move_into_place(staging: Path, folder: Path) -> None:
+    """Rename staging to folder; an old artifact there is renamed aside first and deleted after."""
+    if not folder.exists():
+        staging.rename(folder)
+    else:
+        # a unique empty folder, which rename(2) may replace: the old artifact's place aside
+        aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
+        folder.rename(aside)
+        try:
+            staging.rename(folder)
+        except OSError:
+            aside.rename(folder)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)
+    _fsync(folder.parent)

@@ -1,0 +1,184 @@
+"""The tuning database: measured kernel times, failed kernels and per-compile candidate results.
+
+One SQLite file in WAL mode, shared by every compile on the machine. Each write is its own
+committed transaction, so a compile killed mid-search (even by SIGKILL) keeps every measurement
+it finished. Values are plain columns or canonical JSON, never pickles.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..ir.errors import KilnError
+
+SCHEMA_VERSION = 1
+FAILURE_REASONS = frozenset({"wrong", "nan", "crash", "timeout", "compile"})
+CANDIDATE_STATUSES = FAILURE_REASONS | {"ok"}
+
+_KERNEL_KEY = "fingerprint TEXT NOT NULL, source_hash TEXT NOT NULL, config TEXT NOT NULL, " \
+              "symbols TEXT NOT NULL"
+_KERNEL_PK = "PRIMARY KEY (fingerprint, source_hash, config, symbols)"
+_KERNEL_WHERE = "fingerprint = ? AND source_hash = ? AND config = ? AND symbols = ?"
+
+# Each statement runs alone: executescript would commit the transaction that guards the set-up.
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
+    f"CREATE TABLE IF NOT EXISTS kernels ({_KERNEL_KEY}, median_s REAL NOT NULL, "
+    f"samples INTEGER NOT NULL, measured_at REAL NOT NULL, {_KERNEL_PK})",
+    f"CREATE TABLE IF NOT EXISTS kernel_failures ({_KERNEL_KEY}, reason TEXT NOT NULL, "
+    f"detail TEXT NOT NULL, failed_at REAL NOT NULL, {_KERNEL_PK})",
+    "CREATE TABLE IF NOT EXISTS candidates (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
+    "compile_id TEXT NOT NULL, region TEXT NOT NULL, candidate_hash TEXT NOT NULL, "
+    "status TEXT NOT NULL, estimate_s REAL, end_to_end_s REAL, detail TEXT NOT NULL, "
+    "recorded_at REAL NOT NULL, UNIQUE (compile_id, region, candidate_hash))",
+)
+
+
+@dataclass(frozen=True)
+class CandidateRecord:
+    seq: int
+    compile_id: str
+    region: str
+    candidate_hash: str
+    status: str              # "ok" or a rejection reason (FAILURE_REASONS)
+    estimate_s: float | None
+    end_to_end_s: float | None
+    detail: str
+    recorded_at: float
+
+
+_CANDIDATE_COLUMNS = ("seq, compile_id, region, candidate_hash, status, estimate_s, end_to_end_s, "
+                      "detail, recorded_at")
+
+
+def _kernel_key(fingerprint: str, source_hash: str, config: str,
+                symbols: dict[str, int]) -> tuple[str, str, str, str]:
+    # sorted keys: {"m": 1, "n": 2} and {"n": 2, "m": 1} must hit the same row
+    return fingerprint, source_hash, config, json.dumps(symbols, sort_keys=True, separators=(",", ":"))
+
+
+class TuneDB:
+    def __init__(self, path: str | Path):
+        self.path = Path(path).expanduser()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # the timeout lets a second compile wait out another's write instead of failing
+        self._conn = sqlite3.connect(self.path, timeout=30.0)
+        try:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._set_up()
+        except BaseException as err:
+            self._conn.close()
+            # a locked or read-only file is not the file's fault: only a broken one is worth deleting
+            if getattr(err, "sqlite_errorname", None) in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
+                raise KilnError(f"kiln: the tuning database {self.path} is unreadable ({err}); "
+                                "delete it or pass --db with another path") from err
+            raise
+
+    @staticmethod
+    def default_path() -> Path:
+        return Path(os.environ.get("KILN_TUNING_DB") or Path.home() / ".cache/kiln/tuning.sqlite")
+
+    def _set_up(self):
+        """Check the schema version, then create what is missing; IMMEDIATE so that two compiles
+        opening a new file at once cannot both write a version row."""
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            tables = {row[0] for row in self._conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            found = None
+            if "schema_version" in tables:
+                row = self._conn.execute("SELECT version FROM schema_version").fetchone()
+                found = row[0] if row else None
+            elif tables:
+                found = "unknown (no schema_version table)"
+            if found is not None and found != SCHEMA_VERSION:
+                raise KilnError(f"kiln: the tuning database {self.path} has schema version {found}, "
+                                f"this kiln uses {SCHEMA_VERSION}; delete the file (its measurements "
+                                "are lost) or pass --db with another path")
+            for statement in _SCHEMA:
+                self._conn.execute(statement)
+            if found is None:
+                self._conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+
+    # kernel measurements: a key holds its latest outcome, a time or a failure, never both
+
+    def kernel_time(self, fingerprint: str, source_hash: str, config: str,
+                    symbols: dict[str, int]) -> float | None:
+        row = self._conn.execute(f"SELECT median_s FROM kernels WHERE {_KERNEL_WHERE}",
+                                 _kernel_key(fingerprint, source_hash, config, symbols)).fetchone()
+        return row[0] if row else None
+
+    def record_kernel(self, fingerprint: str, source_hash: str, config: str, symbols: dict[str, int],
+                      median_s: float, samples: int):
+        key = _kernel_key(fingerprint, source_hash, config, symbols)
+        with self._conn:
+            self._conn.execute(f"DELETE FROM kernel_failures WHERE {_KERNEL_WHERE}", key)
+            self._conn.execute("INSERT OR REPLACE INTO kernels VALUES (?, ?, ?, ?, ?, ?, ?)",
+                               (*key, median_s, samples, time.time()))
+
+    def kernel_failure(self, fingerprint: str, source_hash: str, config: str,
+                       symbols: dict[str, int]) -> tuple[str, str] | None:
+        row = self._conn.execute(f"SELECT reason, detail FROM kernel_failures WHERE {_KERNEL_WHERE}",
+                                 _kernel_key(fingerprint, source_hash, config, symbols)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def record_kernel_failure(self, fingerprint: str, source_hash: str, config: str,
+                              symbols: dict[str, int], reason: str, detail: str = ""):
+        if reason not in FAILURE_REASONS:
+            raise ValueError(f"failure reason {reason!r} is not one of {sorted(FAILURE_REASONS)}")
+        key = _kernel_key(fingerprint, source_hash, config, symbols)
+        with self._conn:
+            self._conn.execute(f"DELETE FROM kernels WHERE {_KERNEL_WHERE}", key)
+            self._conn.execute("INSERT OR REPLACE INTO kernel_failures VALUES (?, ?, ?, ?, ?, ?, ?)",
+                               (*key, reason, detail, time.time()))
+
+    # candidates of one compile; recording one again replaces it and moves it to the end
+
+    def record_candidate(self, compile_id: str, region: str, candidate_hash: str, status: str,
+                         estimate_s: float | None = None, end_to_end_s: float | None = None,
+                         detail: str = ""):
+        if status not in CANDIDATE_STATUSES:
+            raise ValueError(f"candidate status {status!r} is not one of {sorted(CANDIDATE_STATUSES)}")
+        with self._conn:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO candidates (compile_id, region, candidate_hash, status, "
+                "estimate_s, end_to_end_s, detail, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (compile_id, region, candidate_hash, status, estimate_s, end_to_end_s, detail,
+                 time.time()))
+
+    def candidates(self, compile_id: str, region: str | None = None) -> list[CandidateRecord]:
+        where, args = "compile_id = ?", (compile_id,)
+        if region is not None:
+            where, args = where + " AND region = ?", args + (region,)
+        rows = self._conn.execute(
+            f"SELECT {_CANDIDATE_COLUMNS} FROM candidates WHERE {where} ORDER BY seq", args)
+        return [CandidateRecord(*row) for row in rows]
+
+    def candidate(self, compile_id: str, region: str, candidate_hash: str) -> CandidateRecord | None:
+        row = self._conn.execute(
+            f"SELECT {_CANDIDATE_COLUMNS} FROM candidates "
+            "WHERE compile_id = ? AND region = ? AND candidate_hash = ?",
+            (compile_id, region, candidate_hash)).fetchone()
+        return CandidateRecord(*row) if row else None
+
+    def stats(self, fingerprint: str) -> dict:
+        """Counts for a report: kernels measured on this machine, failures in all and per reason."""
+        (kernels,), = self._conn.execute("SELECT COUNT(*) FROM kernels WHERE fingerprint = ?",
+                                         (fingerprint,))
+        reasons = dict(self._conn.execute(
+            "SELECT reason, COUNT(*) FROM kernel_failures WHERE fingerprint = ? GROUP BY reason",
+            (fingerprint,)))
+        return {"kernels": kernels, "failures": sum(reasons.values()), "failure_reasons": reasons}
+
+    def close(self):
+        self._conn.close()
+
+    def __enter__(self) -> TuneDB:
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
