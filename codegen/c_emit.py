@@ -14,6 +14,8 @@ from .kernel import (Apply, Bind, Const, InRange, IndexValue, Kernel, KernelConf
 STORAGE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DType.I32: "int32_t",
            DType.I64: "int64_t", DType.BOOL: "bool"}
 COMPUTE = {**STORAGE, DType.F16: "float", DType.BF16: "float"}
+LOWEST = {DType.I32: "INT32_MIN", DType.I64: "INT64_MIN", DType.BOOL: "false"}   # MaxReduce's start;
+# floats start at -INFINITY
 
 PRELUDE = r"""
 #include <stdint.h>
@@ -200,11 +202,11 @@ class _Body:
             init, update = "0", f"{acc} += ({acc_type}){value};"
             pragma = f"#pragma omp simd reduction(+:{acc})" if self.config.simd else ""
         else:
-            init = "-INFINITY" if s.dtype.is_float else ("false" if s.dtype is DType.BOOL else "INT64_MIN")
-            acc_type = body_type
+            init, acc_type = LOWEST.get(s.dtype, "-INFINITY"), body_type
             update = f"{acc} = ({value} > {acc} || {value} != {value}) ? {value} : {acc};"
             pragma = ""
-        unroll = f"#pragma GCC unroll {self.config.unroll}" if self.config.unroll > 1 else ""
+        # gcc wants each of these pragmas directly before the loop, so simd takes precedence
+        unroll = f"#pragma GCC unroll {self.config.unroll}" if self.config.unroll > 1 and not pragma else ""
         extent = index_code(s.extent)
         block = self.blocks[level]
         block.append(f"{acc_type} {acc} = {init};")

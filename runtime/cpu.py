@@ -58,22 +58,45 @@ class CpuBackend:
         self._libs: dict[str, ctypes.CDLL] = {}
 
     def compile(self, functions: dict[str, str]) -> dict[str, ctypes._CFuncPtr]:
-        """Compile kernel functions (name -> C source) and return callables by name. Each
-        function is its own cached shared object, so a change to one recompiles only it."""
-        units = {name: PRELUDE + src for name, src in functions.items()}
-        paths = {name: cache_dir() / f"{hashlib.sha256(u.encode()).hexdigest()[:24]}.so"
-                 for name, u in units.items()}
-        missing = [n for n, p in paths.items() if not p.exists()]
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-            list(pool.map(lambda n: _build(units[n], paths[n]), missing))
+        """Compile kernel functions (name -> C source; the name is the source's hash) and return
+        callables by name. Functions not in the disk cache are compiled together, in one shared
+        object per core (gcc's start-up dominates a small kernel's compile); each function's cache
+        entry points at the object that holds it."""
+        root = cache_dir()
+        missing = [n for n in functions if self._object_of(root, n) is None]
+        if missing:
+            chunks = [missing[i::os.cpu_count() or 2] for i in range(min(len(missing), os.cpu_count() or 2))]
+            with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
+                list(pool.map(lambda chunk: self._build_chunk(root, chunk, functions), chunks))
         out = {}
-        for name, path in paths.items():
+        for name in functions:
+            path = self._object_of(root, name)
             lib = self._libs.get(str(path)) or ctypes.CDLL(str(path))
             self._libs[str(path)] = lib
             fn = getattr(lib, name)
             fn.restype = None
             out[name] = fn
         return out
+
+    @staticmethod
+    def _object_of(root: Path, name: str) -> Path | None:
+        ref = root / f"{name}.ref"
+        if not ref.exists():
+            return None
+        path = root / ref.read_text().strip()
+        return path if path.exists() else None
+
+    @staticmethod
+    def _build_chunk(root: Path, names: list[str], functions: dict[str, str]) -> None:
+        unit = PRELUDE + "\n".join(functions[n] for n in sorted(names))
+        so = root / f"{hashlib.sha256(unit.encode()).hexdigest()[:24]}.so"
+        if not so.exists():
+            _build(unit, so)
+        for name in names:
+            ref = root / f"{name}.ref"
+            tmp = ref.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(so.name)
+            os.replace(tmp, ref)
 
     @staticmethod
     def allocate(nbytes: int) -> np.ndarray:

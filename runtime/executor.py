@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..codegen.c_emit import emit_c
-from ..codegen.kernel import KernelConfig, source_hash
+from ..codegen.kernel import Kernel, KernelConfig, source_hash
 from ..codegen.schedule import Program
 from ..ir.graph import Graph
 
@@ -18,14 +18,16 @@ def kernel_name(source_key: str) -> str:
     return f"k_{source_key}"
 
 
+def render_kernel(kernel: Kernel, config: KernelConfig) -> tuple[str, str]:
+    """(function name, C source); the name is the hash of the source, so equal kernels share one
+    compiled function and one tuning record."""
+    draft = emit_c(kernel, config, "KERNEL")
+    name = kernel_name(source_hash(draft))
+    return name, draft.replace("void KERNEL(", f"void {name}(", 1)
+
+
 def render(program: Program, configs: list[KernelConfig]) -> list[tuple[str, str]]:
-    """(function name, C source) per kernel; the name is the hash of the source it renders."""
-    out = []
-    for kernel, config in zip(program.kernels, configs):
-        draft = emit_c(kernel, config, "KERNEL")
-        name = kernel_name(source_hash(draft))
-        out.append((name, draft.replace("void KERNEL(", f"void {name}(", 1)))
-    return out
+    return [render_kernel(k, c) for k, c in zip(program.kernels, configs)]
 
 
 @dataclass
@@ -39,7 +41,9 @@ class BufferPlan:
         return sum(self.slot_bytes)
 
 
-def plan_buffers(program: Program) -> BufferPlan:
+def plan_buffers(program: Program, reuse: bool = True) -> BufferPlan:
+    """Greedy slot assignment by first definition; `reuse=False` gives every temporary its own
+    slot (the tuner re-runs single kernels and needs every input still in place)."""
     biggest = {name: hi for name, (lo, hi) in program.symbols.items()}
     temps = [name for name, b in program.buffers.items()
              if b.role == "temp" and name not in program.aliases]
@@ -57,7 +61,8 @@ def plan_buffers(program: Program) -> BufferPlan:
         b = program.buffers[name]
         size = max(1, b.size.evaluate(biggest)) * b.dtype.itemsize
         start = first_def.get(name, 0)
-        free = [s for s in range(len(slot_bytes)) if slot_free_at[s] < start and slot_bytes[s] >= size]
+        free = [s for s in range(len(slot_bytes))
+                if reuse and slot_free_at[s] < start and slot_bytes[s] >= size]
         if free:
             slot = min(free, key=lambda s: slot_bytes[s])
         else:
@@ -73,11 +78,13 @@ class Executor:
     """A compiled program bound to its weights, ready to call with numpy inputs."""
 
     def __init__(self, graph: Graph, program: Program, configs: list[KernelConfig], backend,
-                 weights: dict[str, np.ndarray] | None = None):
+                 weights: dict[str, np.ndarray] | None = None, reuse: bool = True):
         self.graph, self.program, self.backend = graph, program, backend
+        self.configs = list(configs)
         self.sources = render(program, configs)
         functions = backend.compile(dict(self.sources))
-        self.plan = plan_buffers(program)
+        self.functions = [functions[name] for name, _ in self.sources]
+        self.plan = plan_buffers(program, reuse)
         arena = [backend.allocate(n) for n in self.plan.slot_bytes]
         weights = graph.weights if weights is None else weights
         self.arrays: dict[str, np.ndarray] = {}
@@ -86,48 +93,58 @@ class Executor:
                 self.arrays[name] = np.ascontiguousarray(weights[b.source], dtype=b.dtype.np)
             elif name in self.plan.slot_of:
                 self.arrays[name] = arena[self.plan.slot_of[name]]
-        self.launches = [(functions[fn], k) for (fn, _), k in zip(self.sources, program.kernels)]
-
-    def _array(self, name: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        name = self.program.aliases.get(name, name)
-        return inputs[name] if name in inputs else self.arrays[name]
+        # per kernel: its buffers (a fixed pointer, or the name of a call input) and its symbols
+        self._symbols = [np.zeros(max(1, len(k.symbols)), dtype=np.int64) for k in program.kernels]
+        self._args = []
+        for kernel, symbols in zip(program.kernels, self._symbols):
+            args = []
+            for name in (kernel.output.name, *(b.name for b in kernel.inputs)):
+                name = program.aliases.get(name, name)
+                args.append(name if name not in self.arrays else ctypes.c_void_p(self.arrays[name].ctypes.data))
+            args.append(ctypes.c_void_p(symbols.ctypes.data))
+            self._args.append(args)
+        self._dynamic = [i for i, k in enumerate(program.kernels)
+                         if k.symbols or any(isinstance(a, str) for a in self._args[i])]
 
     def __call__(self, *args: np.ndarray) -> list[np.ndarray]:
         """Run on numpy inputs (in the graph's input order). Inputs the program updates in place
         (the KV cache) are written through and returned as they are; other outputs are copies."""
-        inputs, env = self._bind(args)
-        for launch in self._launches(inputs, env):
-            launch()
-        return [self._result(name, inputs, env) for name in self.program.outputs]
+        inputs, env = self.bind(args)
+        for fn, kernel_args in zip(self.functions, self.launch_args(inputs, env)):
+            fn(*kernel_args)
+        return [self.result(name, inputs, env) for name in self.program.outputs]
 
     def trace(self, *args: np.ndarray) -> dict[str, np.ndarray]:
         """Run kernel by kernel and return a copy of every buffer a kernel wrote, by name (how
         each kernel is checked against the reference on its own)."""
-        inputs, env = self._bind(args)
+        inputs, env = self.bind(args)
         written = {}
-        for launch, kernel in zip(self._launches(inputs, env), self.program.kernels):
-            launch()
-            written[kernel.output.name] = self._result(kernel.output.name, inputs, env).copy()
+        for fn, kernel_args, kernel in zip(self.functions, self.launch_args(inputs, env),
+                                           self.program.kernels):
+            fn(*kernel_args)
+            written[kernel.output.name] = self.result(kernel.output.name, inputs, env).copy()
         return written
 
-    def _bind(self, args) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    def bind(self, args) -> tuple[dict[str, np.ndarray], dict[str, int]]:
         args = [np.asarray(a, order="C") for a in args]
         env = self.graph.bind_symbols([a.shape for a in args], [a.dtype for a in args])
         return dict(zip(self.program.inputs, args)), env
 
-    def _launches(self, inputs: dict[str, np.ndarray], env: dict[str, int]):
-        ptr = ctypes.c_void_p
-        for fn, kernel in self.launches:
-            symbols = np.array([env[s] for s in kernel.symbols] or [0], dtype=np.int64)
-            args = (ptr(self._array(kernel.output.name, inputs).ctypes.data),
-                    *(ptr(self._array(b.name, inputs).ctypes.data) for b in kernel.inputs),
-                    ptr(symbols.ctypes.data))
-            yield lambda fn=fn, args=args, keep=symbols: fn(*args)
+    def launch_args(self, inputs: dict[str, np.ndarray], env: dict[str, int]) -> list[tuple]:
+        """Each kernel's ctypes arguments for one call (fixed pointers are built once)."""
+        out = list(self._args)
+        for i in self._dynamic:
+            kernel = self.program.kernels[i]
+            for k, s in enumerate(kernel.symbols):
+                self._symbols[i][k] = env[s]
+            out[i] = [ctypes.c_void_p(inputs[a].ctypes.data) if isinstance(a, str) else a
+                      for a in self._args[i]]
+        return out
 
-    def _result(self, name: str, inputs: dict[str, np.ndarray], env: dict[str, int]) -> np.ndarray:
+    def result(self, name: str, inputs: dict[str, np.ndarray], env: dict[str, int]) -> np.ndarray:
         b = self.program.buffers[name]
         if name in self.program.aliases or b.role == "input":
             return inputs[self.program.aliases.get(name, name)]
         shape = tuple(d.evaluate(env) for d in b.shape)
         count = int(np.prod(shape, dtype=np.int64))
-        return self._array(name, inputs).view(b.dtype.np)[:count].reshape(shape).copy()
+        return self.arrays[name].view(b.dtype.np)[:count].reshape(shape).copy()

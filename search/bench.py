@@ -21,6 +21,7 @@ from rich.table import Table
 
 from ..frontend.bench import write_json
 from ..ir import DType, Graph, evaluate, run
+from ..ir.compare import agrees
 from ..rewrites.registry import library
 from . import extract, regions
 from .saturate import Limits, saturate
@@ -53,18 +54,6 @@ def sample_args(graph: Graph, vocab: int, rng: np.random.Generator) -> list[np.n
         else:
             args.append(rng.standard_normal(shape).astype(node.dtype.np))
     return args
-
-
-def agrees(got: np.ndarray, want: np.ndarray) -> bool:
-    """Equal up to float reassociation: same shape, same NaNs, within 1e-4 of the output's scale."""
-    if got.shape != want.shape:
-        return False
-    if not np.issubdtype(want.dtype, np.floating):
-        return bool(np.array_equal(got, want))
-    got, want = got.astype(np.float64), want.astype(np.float64)
-    finite = np.isfinite(want)
-    scale = float(np.abs(want[finite]).max()) if finite.any() else 1.0
-    return bool(np.allclose(got, want, rtol=1e-4, atol=1e-4 * scale, equal_nan=True))
 
 
 def _timed(fn):

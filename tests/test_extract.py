@@ -13,7 +13,7 @@ from kiln.ir.symbolic import shape_of
 from kiln.rewrites.registry import library
 from kiln.search import extract
 from kiln.search.adapter import EClass, EGraphView, ENode
-from kiln.search.bench import agrees
+from kiln.ir.compare import agrees
 from kiln.search.saturate import saturate
 from kiln.tests.helpers import Logits, tiny_llama
 

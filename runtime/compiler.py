@@ -1,0 +1,144 @@
+"""Compiling one graph: split it into regions at layer boundaries, and for each structurally
+distinct region saturate it, search its candidates (checked, measured, journaled) within its share
+of the budget, and keep the winner with each kernel's fastest configuration. The compiled graph
+runs region by region; identical layers run the same kernels on their own weights."""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..codegen.kernel import KernelConfig
+from ..codegen.schedule import schedule
+from ..ir import Graph, Node, evaluate
+from ..ir.graph import is_weight
+from ..rewrites.registry import library
+from ..search import regions as regionlib
+from ..search.budget import Deadline
+from ..search.saturate import Limits, StageReport, saturate
+from ..search.tuner import Progress, RegionTuner
+from ..search.tunedb import TuneDB
+from .executor import Executor
+from .measure import POLICIES, Measurer, Region
+
+
+@dataclass
+class Choice:
+    """The winner of one distinct region: its program (over the region's Input nodes), the
+    fusion policy it is scheduled with, and each kernel's configuration."""
+    outputs: list[Node]
+    variant: str
+    configs: list[KernelConfig]
+
+
+@dataclass
+class RegionReport:
+    key: str
+    label: str
+    count: int
+    nodes: int
+    stages: list[StageReport]
+    progress: Progress
+    winner: str
+    variant: str
+    estimate_s: float
+    end_to_end_s: float
+    saturate_s: float
+    search_s: float
+
+
+@dataclass
+class GraphReport:
+    regions: list[RegionReport] = field(default_factory=list)
+    kernels_measured: int = 0
+    seconds: float = 0.0
+
+
+def region_graph(graph: Graph, region: regionlib.Region, outputs: list[Node]) -> Graph:
+    """A region's program over its own inputs, reading this region's weights."""
+    weights = {i.attrs["name"]: graph.weights[f.attrs["name"]]
+               for i, f in zip(region.inputs, region.feeds) if is_weight(i)}
+    return Graph(inputs=[i for i in region.inputs if not is_weight(i)], outputs=list(outputs),
+                 weights=weights, symbols=dict(graph.symbols))
+
+
+class CompiledGraph:
+    """A graph whose regions run as the search chose them."""
+
+    def __init__(self, graph: Graph, choices: dict[str, Choice], backend):
+        self.graph, self.choices, self.backend = graph, choices, backend
+        self.regions = regionlib.split(graph)
+        self.executors = []
+        for region in self.regions:
+            choice = choices[region.key]
+            sub = region_graph(graph, region, choice.outputs)
+            program = schedule(sub, POLICIES[choice.variant])
+            self.executors.append(Executor(sub, program, choice.configs, backend))
+
+    @property
+    def sources(self) -> dict[str, str]:
+        return {name: src for ex in self.executors for name, src in ex.sources}
+
+    @property
+    def kernel_count(self) -> int:
+        return sum(len(ex.program.kernels) for ex in self.executors)
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(ex.plan.peak_bytes for ex in self.executors)
+
+    def __call__(self, *args: np.ndarray) -> list[np.ndarray]:
+        args = [np.asarray(a, order="C") for a in args]
+        self.graph.bind_symbols([a.shape for a in args], [a.dtype for a in args])
+        values: dict[int, np.ndarray] = {id(n): a for n, a in zip(self.graph.inputs, args)}
+        for region, executor in zip(self.regions, self.executors):
+            feeds = [values[id(f)] for i, f in zip(region.inputs, region.feeds) if not is_weight(i)]
+            for node, value in zip(region.produces, executor(*feeds)):
+                values[id(node)] = value
+        return [values[id(o)] for o in self.graph.outputs]
+
+
+def compile_graph(graph: Graph, backend, args: list[np.ndarray], seconds: float, db: TuneDB,
+                  fingerprint: str, compile_id: str | None = None, seed: int = 0,
+                  max_candidates: int = 100_000,
+                  on_progress: Callable[[Progress, float], None] = lambda p, left: None,
+                  ) -> tuple[CompiledGraph, GraphReport]:
+    """Search every distinct region of `graph` within `seconds` in all; `args` are call inputs
+    whose reference run supplies each region's inputs (real activations)."""
+    start = time.monotonic()
+    compile_id = compile_id or uuid.uuid4().hex
+    parts = regionlib.split(graph)
+    groups = regionlib.distinct(parts)
+    reps = [group[0] for group in groups.values()]
+    inflows, env = regionlib.sample_inflows(graph, reps, args)
+    total_work = sum(g[0].size * len(g) for g in groups.values())
+    rules = list(library().values())
+    report, choices = GraphReport(), {}
+    for (key, group), feeds in zip(groups.items(), inflows):
+        rep = group[0]
+        deadline = Deadline(seconds * rep.size * len(group) / total_work)
+        t0 = time.monotonic()
+        saturated = saturate(rep.outputs, rules, Limits(max_seconds=max(1.0, deadline.remaining() / 4)))
+        saturate_s = time.monotonic() - t0
+        inputs = [i for i in rep.inputs if not is_weight(i)]
+        sub = region_graph(graph, rep, rep.outputs)
+        region = Region(inputs, sub.weights, dict(graph.symbols), [feeds[i] for i in inputs],
+                        evaluate(rep.outputs, feeds, env))
+        measurer = Measurer(backend, db, fingerprint, region, deadline=deadline)
+        label = rep.label if len(group) == 1 else f"{rep.label} (x{len(group)})"
+        tuner = RegionTuner(key, label, rep.outputs, saturated, list(POLICIES), measurer.evaluate,
+                            measurer.end_to_end, db, compile_id, seed,
+                            lambda p, d=deadline: on_progress(p, d.remaining()))
+        winner = tuner.run(deadline, max_candidates)
+        _, _, configs = measurer.build(winner.outputs, winner.variant)
+        choices[key] = Choice(winner.outputs, winner.variant, configs)
+        report.kernels_measured += measurer.kernels_measured
+        report.regions.append(RegionReport(
+            key, label, len(group), rep.size, saturated.stages, winner.progress, winner.key,
+            winner.variant, winner.estimate_s, winner.end_to_end_s, saturate_s,
+            time.monotonic() - t0 - saturate_s))
+    report.seconds = time.monotonic() - start
+    return CompiledGraph(graph, choices, backend), report

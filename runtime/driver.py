@@ -1,0 +1,162 @@
+"""`kiln.compile` and `kiln.compile_lm`: lower, search every graph within the budget (with a
+progress display), and return a `CompiledModel`. A compile journals its id next to the output
+folder, so `resume=True` after an interrupt continues the same search: every candidate and kernel
+already measured is read back from the tuning database, never measured again."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from ..ir import Graph, KilnError
+from ..search.budget import parse_budget
+from ..search.tuner import Progress
+from ..search.tunedb import TuneDB
+from .compiler import CompiledGraph, GraphReport, compile_graph
+from .hardware import fingerprint_id
+from .model import CompiledModel, fingerprint, make_backend
+
+TUNE_SEQ = 32             # the prompt length prefill is tuned and checked at
+DECODE_SHARE = 0.6        # of the budget: decode is what serving repeats
+
+
+def _journal_path(out: Path) -> Path:
+    return out.parent / f".{out.name}.kiln-compile.json"
+
+
+def compile_id_for(out: str | Path | None, resume: bool, what: str) -> str:
+    """A fresh id, recorded beside `out`; with resume, the id of the interrupted compile there."""
+    if out is None:
+        if resume:
+            raise KilnError("kiln: resume needs the output folder of the interrupted compile")
+        return uuid.uuid4().hex
+    journal = _journal_path(Path(out))
+    if resume:
+        try:
+            data = json.loads(journal.read_text())
+        except (OSError, json.JSONDecodeError):
+            raise KilnError(f"kiln: there is no interrupted compile to resume for {out}; "
+                            "run the compile without --resume") from None
+        if data.get("what") != what:
+            raise KilnError(f"kiln: the interrupted compile for {out} was of {data.get('what')}, "
+                            f"not {what}; run without --resume to start afresh")
+        return data["compile_id"]
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    compile_id = uuid.uuid4().hex
+    tmp = journal.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"compile_id": compile_id, "what": what}))
+    os.replace(tmp, journal)
+    return compile_id
+
+
+def finish_journal(out: str | Path | None) -> None:
+    if out is not None:
+        _journal_path(Path(out)).unlink(missing_ok=True)
+
+
+@contextmanager
+def _progress(show: bool):
+    """A rich progress bar per graph region: candidates tried, best estimate, gain over the first
+    valid candidate, time left of the region's share of the budget."""
+    if not show:
+        yield lambda graph, p, left: None
+        return
+    from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+    bar = Bar(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[stats]}"),
+              TimeElapsedColumn(), transient=False)
+    tasks: dict[str, int] = {}
+
+    def update(graph: str, p: Progress, left: float) -> None:
+        name = f"{graph}: {p.region}"
+        if name not in tasks:
+            tasks[name] = bar.add_task(name, total=None, stats="")
+        best = f"{p.best_s * 1e6:,.0f} us" if p.best_s else "-"
+        gain = f"{p.gain:.2f}x" if p.gain else "-"
+        bar.update(tasks[name], stats=f"tried {p.tried} (valid {p.valid}), best {best}, "
+                                      f"gain {gain}, {left:,.0f} s left")
+    with bar:
+        yield update
+
+
+def _search(graphs: dict[str, tuple[Graph, list[np.ndarray], float]], backend_name: str,
+            db_path, compile_id: str, seed: int, show: bool, max_candidates: int
+            ) -> tuple[dict[str, CompiledGraph], dict, dict]:
+    backend = make_backend(backend_name)
+    hardware = fingerprint(backend_name)
+    compiled, reports = {}, {}
+    with TuneDB(db_path or TuneDB.default_path()) as db, _progress(show) as update:
+        for name, (graph, args, seconds) in graphs.items():
+            compiled[name], report = compile_graph(
+                graph, backend, args, seconds, db, fingerprint_id(hardware), f"{compile_id}:{name}",
+                seed, max_candidates, lambda p, left, name=name: update(name, p, left))
+            reports[name] = _report_json(report, compiled[name])
+    return compiled, reports, hardware
+
+
+def _report_json(report: GraphReport, compiled: CompiledGraph) -> dict:
+    regions = []
+    for r in report.regions:
+        row = {k: v for k, v in asdict(r).items() if k not in ("progress", "stages")}
+        row["stages"] = [asdict(s) for s in r.stages]
+        row["progress"] = {k: v for k, v in asdict(r.progress).items()}
+        regions.append(row)
+    return {"regions": regions, "kernels_measured": report.kernels_measured,
+            "seconds": report.seconds, "kernels": compiled.kernel_count,
+            "peak_bytes": compiled.peak_bytes}
+
+
+def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | float = "10m",
+               db: str | Path | None = None, out: str | Path | None = None, resume: bool = False,
+               tokenizer=None, seed: int = 0, progress: bool = True,
+               max_candidates: int = 100_000) -> CompiledModel:
+    """Compile a transformers causal LM (batch 1, static KV cache of max_seq positions) into a
+    prefill program and a decode program, each searched and tuned on this machine."""
+    from ..frontend import hf
+    from ..frontend.lower import kiln_dtype
+    seconds = budget if isinstance(budget, (int, float)) else parse_budget(budget)
+    lowered = hf.lower_causal_lm(model, max_seq)
+    rng = np.random.default_rng(seed)
+    tune_seq = max(2, min(TUNE_SEQ, max_seq - 1))
+    prompt = rng.integers(0, lowered.vocab_size, size=(1, tune_seq), dtype=np.int64)
+    # decode is tuned on the caches a real prompt leaves (the reference interpreter's prefill)
+    _, caches = hf.prefill(lowered, prompt)
+    token = rng.integers(0, lowered.vocab_size, size=(1, 1), dtype=np.int64)
+    decode_args = [token, np.array(tune_seq, dtype=np.int64), *caches]
+    what = hashlib.sha256(f"lm {type(model).__name__} {model.config.to_json_string()} {max_seq} "
+                          f"{backend}".encode()).hexdigest()[:16]
+    compile_id = compile_id_for(out, resume, what)
+    compiled, reports, hardware = _search(
+        {"decode": (lowered.decode, decode_args, seconds * DECODE_SHARE),
+         "prefill": (lowered.prefill, [prompt], seconds * (1 - DECODE_SHARE))},
+        backend, db, compile_id, seed, progress, max_candidates)
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    info = {"vocab_size": lowered.vocab_size, "max_seq": max_seq,
+            "cache_shape": list(lowered.cache.shape), "cache_dtype": kiln_dtype(lowered.cache.dtype).value,
+            "layers": lowered.cache.layers, "eos_token_id": eos,
+            "architecture": type(model).__name__, "budget_s": seconds}
+    result = CompiledModel("lm", compiled, info, hardware, tokenizer, {"graphs": reports})
+    if out is not None:
+        result.save(out)
+        finish_journal(out)
+    return result
+
+
+def compile(module, args: tuple, dynamic_shapes=None, backend: str = "cpu",
+            budget: str | float = "10m", db: str | Path | None = None, seed: int = 0,
+            progress: bool = True, max_candidates: int = 100_000) -> CompiledModel:
+    """Compile any module torch.export accepts; call the result like the module."""
+    from ..frontend.lower import lower, to_numpy
+    import torch
+    from torch.utils import _pytree as pytree
+    seconds = budget if isinstance(budget, (int, float)) else parse_budget(budget)
+    graph = lower(module, args, dynamic_shapes=dynamic_shapes)
+    arrays = [to_numpy(a) for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
+    compiled, reports, hardware = _search({"forward": (graph, arrays, seconds)}, backend, db,
+                                          uuid.uuid4().hex, seed, progress, max_candidates)
+    return CompiledModel("module", compiled, {"budget_s": seconds}, hardware, None, {"graphs": reports})

@@ -1,0 +1,146 @@
+"""The backend half of the tuner: turn a candidate program into kernels, check it against the
+reference, and time each distinct kernel in each configuration once (the tuning database
+remembers every measurement, so a resumed or repeated compile re-measures nothing)."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..codegen.kernel import Kernel, KernelConfig, config_space
+from ..codegen.schedule import FusionPolicy, Program, schedule
+from ..ir import Graph, Node
+from ..ir.compare import mismatch
+from ..search.budget import Deadline
+from ..search.tuner import Outcome
+from ..search.tunedb import TuneDB
+from .executor import Executor, render_kernel
+
+# the fusion policies the search chooses among, by name (a tuner "variant")
+POLICIES = {p.key(): p for p in (FusionPolicy(12, 1), FusionPolicy(4, 0), FusionPolicy(32, 3))}
+TIMING_TARGET_S = 0.002      # per kernel and configuration: repeat until this much time is spent
+MAX_REPEATS = 50
+
+
+@dataclass
+class Region:
+    """What a region's candidates are measured with: its inputs, weights and symbols, values for
+    its inputs, and the reference outputs those give."""
+    inputs: list[Node]
+    weights: dict[str, np.ndarray]
+    symbols: dict[str, tuple[int, int]]
+    args: list[np.ndarray]
+    want: list[np.ndarray]
+
+    def graph(self, outputs: list[Node]) -> Graph:
+        return Graph(inputs=self.inputs, outputs=list(outputs), weights=self.weights,
+                     symbols=self.symbols)
+
+
+class Measurer:
+    def __init__(self, backend, db: TuneDB, fingerprint: str, region: Region, max_configs: int = 12,
+                 deadline: Deadline | None = None):
+        self.backend, self.db, self.fingerprint = backend, db, fingerprint
+        self.region, self.max_configs, self.deadline = region, max_configs, deadline
+        self.kernels_measured = 0
+
+    # --- the tuner's callables ----------------------------------------------------------------
+    def evaluate(self, outputs: list[Node], variant: str) -> Outcome:
+        graph = self.region.graph(outputs)
+        program = schedule(graph, POLICIES[variant])
+        executor = Executor(graph, program, [KernelConfig()] * len(program.kernels), self.backend,
+                            reuse=False)
+        args = self._fresh_args()
+        got = executor(*args)
+        for k, (g, w) in enumerate(zip(got, self.region.want)):
+            bad = mismatch(g, w)
+            if bad:
+                return Outcome(bad[0], None, f"output {k}: {bad[1]}")
+        configs, estimate = self._tune_kernels(executor, args)
+        return Outcome("ok", estimate, f"{len(program.kernels)} kernels")
+
+    def end_to_end(self, outputs: list[Node], variant: str, repeats: int = 10) -> float:
+        graph, program, configs = self.build(outputs, variant)
+        executor = Executor(graph, program, configs, self.backend)
+        args = self._fresh_args()
+        executor(*args)
+        times = []
+        for _ in range(repeats):
+            args = self._fresh_args()
+            start = self.backend.now()
+            executor(*args)
+            self.backend.synchronize()
+            times.append(self.backend.now() - start)
+        return statistics.median(times)
+
+    def build(self, outputs: list[Node], variant: str) -> tuple[Graph, Program, list[KernelConfig]]:
+        """The program and each kernel's fastest configuration (from the database; anything not
+        yet measured is measured now)."""
+        graph = self.region.graph(outputs)
+        program = schedule(graph, POLICIES[variant])
+        executor = Executor(graph, program, [KernelConfig()] * len(program.kernels), self.backend,
+                            reuse=False)
+        args = self._fresh_args()
+        executor(*args)
+        configs, _ = self._tune_kernels(executor, args)
+        return graph, program, configs
+
+    # --- kernels ------------------------------------------------------------------------------
+    def _fresh_args(self) -> list[np.ndarray]:
+        """Copies: a program may update an input in place (the KV cache)."""
+        return [np.array(a, copy=True) for a in self.region.args]
+
+    def _tune_kernels(self, executor: Executor, args) -> tuple[list[KernelConfig], float]:
+        """Per kernel, the fastest configuration that computes what the default one computed
+        (the default's outputs were just checked against the reference through the whole
+        program). Returns the configurations and the sum of their times."""
+        inputs, env = executor.bind(args)
+        launch_args = executor.launch_args(inputs, env)
+        kernels = executor.program.kernels
+        options, pending = [], {}
+        for i, kernel in enumerate(kernels):
+            symbols = {s: env[s] for s in kernel.symbols}
+            # past the deadline, only the default configuration (what the winner needs to run)
+            count = 1 if self.deadline is not None and self.deadline.expired else self.max_configs
+            rows = [(c, *render_kernel(kernel, c)) for c in config_space(kernel)[:count]]
+            options.append((symbols, rows))
+            for c, name, src in rows:
+                if (self.db.kernel_time(self.fingerprint, name, c.key(), symbols) is None
+                        and self.db.kernel_failure(self.fingerprint, name, c.key(), symbols) is None):
+                    pending.setdefault(name, (i, c, src))
+        functions = self.backend.compile({n: src for n, (_, _, src) in pending.items()}) if pending else {}
+        for name, (i, config, _) in pending.items():
+            kernel = kernels[i]
+            expected = np.array(executor.result(kernel.output.name, inputs, env), copy=True)
+            self._measure(kernel, executor, inputs, env, launch_args[i], functions[name], name,
+                          config, options[i][0], expected)
+        chosen, total = [], 0.0
+        for symbols, rows in options:
+            timed = [(self.db.kernel_time(self.fingerprint, name, c.key(), symbols), c)
+                     for c, name, _ in rows]
+            seconds, best = min(((t, c) for t, c in timed if t is not None),
+                                key=lambda tc: tc[0], default=(0.0, KernelConfig()))
+            chosen.append(best)
+            total += seconds
+        return chosen, total
+
+    def _measure(self, kernel: Kernel, executor: Executor, inputs, env, args, fn, name: str,
+                 config: KernelConfig, symbols: dict, expected: np.ndarray) -> None:
+        out_name = kernel.output.name
+        if out_name not in executor.program.aliases and kernel.output.dtype.is_float:
+            executor.arrays[out_name].view(kernel.output.dtype.np)[:] = np.nan  # a kernel must write
+        fn(*args)
+        bad = mismatch(executor.result(out_name, inputs, env), expected)
+        if bad:
+            self.db.record_kernel_failure(self.fingerprint, name, config.key(), symbols, bad[0], bad[1])
+            return
+        times = []
+        while len(times) < 3 or (sum(times) < TIMING_TARGET_S and len(times) < MAX_REPEATS):
+            start = self.backend.now()
+            fn(*args)
+            self.backend.synchronize()
+            times.append(self.backend.now() - start)
+        self.db.record_kernel(self.fingerprint, name, config.key(), symbols,
+                              statistics.median(times), len(times))
+        self.kernels_measured += 1

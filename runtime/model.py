@@ -1,0 +1,209 @@
+"""`CompiledModel`: compiled graphs plus what serving needs (cache layout, vocabulary, tokenizer),
+saved as an artifact folder of JSON, kernel sources and safetensors, and loaded without running
+anything from it: the stored graphs are scheduled and rendered again, and the rendered kernels
+must equal the stored sources."""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..codegen.kernel import KernelConfig
+from ..ir import DType, Graph, KilnError
+from ..ir.serialize import graph_from_json, graph_to_json
+from ..search import regions as regionlib
+from .artifact import read_artifact, write_artifact
+from .compiler import Choice, CompiledGraph
+from .hardware import describe_mismatch, fingerprint_id
+from .sampling import generate_tokens
+
+BACKENDS = ("cpu", "cuda")
+
+
+def make_backend(name: str):
+    if name == "cpu":
+        from .cpu import CpuBackend
+        return CpuBackend()
+    if name == "cuda":
+        raise KilnError("kiln: the cuda backend is not built yet in this version; use --backend cpu")
+    raise KilnError(f"kiln: unknown backend '{name}'; use one of {', '.join(BACKENDS)}")
+
+
+def fingerprint(backend_name: str) -> dict:
+    from .hardware import fingerprint_cpu
+    return {"backend": backend_name, **fingerprint_cpu()}
+
+
+class CompiledModel:
+    """`kind` "lm": graphs "prefill" and "decode" sharing a static KV cache (`info` holds
+    vocab_size, max_seq, cache_shape, layers...); kind "module": one graph "forward"."""
+
+    def __init__(self, kind: str, graphs: dict[str, CompiledGraph], info: dict[str, Any],
+                 hardware: dict, tokenizer=None, report: dict | None = None):
+        self.kind, self.graphs, self.info = kind, graphs, info
+        self.hardware, self.tokenizer, self.report = hardware, tokenizer, report or {}
+
+    @property
+    def backend(self) -> str:
+        return self.hardware["backend"]
+
+    # --- running ------------------------------------------------------------------------------
+    def __call__(self, *args):
+        """A module: the module's inputs as torch tensors (or numpy arrays), outputs structured as
+        the module returns them. An LM: ids [1, T] -> logits [1, T, vocab] (through prefill)."""
+        import torch
+        from torch.utils import _pytree as pytree
+        from ..frontend.lower import from_numpy, to_numpy
+        if self.kind == "lm":
+            logits = self._prefill(np.asarray(to_numpy(args[0]) if isinstance(args[0], torch.Tensor)
+                                              else args[0], dtype=np.int64))
+            return from_numpy(logits) if isinstance(args[0], torch.Tensor) else logits
+        graph = self.graphs["forward"]
+        leaves = [a for a in pytree.tree_leaves(args) if isinstance(a, (torch.Tensor, np.ndarray))]
+        torch_in = any(isinstance(a, torch.Tensor) for a in leaves)
+        outs = graph(*(to_numpy(a) if isinstance(a, torch.Tensor) else a for a in leaves))
+        if torch_in:
+            outs = [from_numpy(o) for o in outs]
+        spec = graph.graph.out_spec
+        return pytree.tree_unflatten(outs, spec) if spec is not None else outs
+
+    def _zero_caches(self) -> list[np.ndarray]:
+        shape, dtype = tuple(self.info["cache_shape"]), DType(self.info["cache_dtype"]).np
+        return [np.zeros(shape, dtype) for _ in range(2 * self.info["layers"])]
+
+    def _prefill(self, ids: np.ndarray) -> np.ndarray:
+        logits, self._caches = self._prefill_with_caches(ids)
+        return logits
+
+    def _prefill_with_caches(self, ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        if ids.ndim != 2 or ids.shape[0] != 1:
+            raise KilnError(f"kiln: expected token ids of shape [1, T], got {list(ids.shape)}")
+        if ids.shape[1] == 1:   # torch.export fixes prefill lengths at 2 and up: decode on an empty cache
+            caches = self._zero_caches()
+            logits, *_ = self.graphs["decode"](ids, np.array(0, dtype=np.int64), *caches)
+            return logits, caches
+        logits, *caches = self.graphs["prefill"](ids)
+        return logits, [np.require(c, requirements="CW") for c in caches]
+
+    def generate(self, input_ids, max_new_tokens: int = 32, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                 seed: int | None = None, eos_token_id: int | list[int] | None = None, streamer=None):
+        """transformers' `generate` for batch 1: prefill the prompt, then one decode step per new
+        token with the KV cache as state. Returns the prompt and the new tokens, as a LongTensor
+        [1, T + new] for tensor input or a list of ints for list input."""
+        if self.kind != "lm":
+            raise KilnError("kiln: generate() needs a causal LM compiled with compile_lm")
+        import torch
+        as_tensor = isinstance(input_ids, torch.Tensor)
+        ids = input_ids.reshape(-1).tolist() if as_tensor else [int(t) for t in np.asarray(input_ids).reshape(-1)]
+        if eos_token_id is None:
+            eos_token_id = self.info.get("eos_token_id")
+        caches: list[np.ndarray] = []
+
+        def prefill(prompt: np.ndarray) -> np.ndarray:
+            logits, fresh = self._prefill_with_caches(prompt)
+            caches[:] = fresh
+            return logits
+
+        def decode(token: int, pos: int) -> np.ndarray:
+            logits, *_ = self.graphs["decode"](np.array([[token]], dtype=np.int64),
+                                               np.array(pos, dtype=np.int64), *caches)
+            return logits
+
+        new = generate_tokens(prefill, decode, ids, max_new_tokens,
+                              vocab_size=self.info["vocab_size"], max_seq=self.info["max_seq"],
+                              do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                              seed=seed, eos_token_id=eos_token_id, streamer=streamer)
+        return torch.tensor([ids + new], dtype=torch.long) if as_tensor else ids + new
+
+    # --- artifacts ----------------------------------------------------------------------------
+    def save(self, folder: str | Path) -> None:
+        files: dict[str, bytes | str] = {}
+        weights: dict[str, np.ndarray] = {}
+        for name, compiled in self.graphs.items():
+            files[f"graphs/{name}.json"] = json.dumps(_graph_record(compiled))
+            weights.update(compiled.graph.weights)
+            for fn, src in compiled.sources.items():
+                files[f"kernels/{fn}.c"] = src
+        if self.tokenizer is not None:
+            with tempfile.TemporaryDirectory() as tmp:
+                self.tokenizer.save_pretrained(tmp)
+                for path in Path(tmp).rglob("*"):
+                    if path.is_file():
+                        files[f"tokenizer/{path.relative_to(tmp)}"] = path.read_bytes()
+        from .. import __version__
+        files["report.json"] = json.dumps(self.report)
+        files["manifest.json"] = json.dumps({
+            "kiln_version": __version__, "kind": self.kind, "graphs": sorted(self.graphs),
+            "info": self.info, "hardware": self.hardware, "hardware_id": fingerprint_id(self.hardware),
+            "tokenizer": self.tokenizer is not None,
+        }, indent=2)
+        write_artifact(Path(folder), files, weights)
+
+    @staticmethod
+    def load(folder: str | Path, check_hardware: bool = True) -> CompiledModel:
+        from .. import __version__
+        manifest, open_file, tensors = read_artifact(Path(folder))
+        if manifest.get("kiln_version") != __version__:
+            raise KilnError(f"kiln: {folder} was compiled by Kiln {manifest.get('kiln_version')}, "
+                            f"this is Kiln {__version__}; compile the model again")
+        hardware = manifest.get("hardware") or {}
+        here = fingerprint(hardware.get("backend", "cpu"))
+        differs = describe_mismatch(hardware, here)
+        if differs and check_hardware:
+            raise KilnError(f"kiln: {folder} was tuned on other hardware: {differs}; compile it "
+                            "again here (or load with check_hardware=False to run it untuned)")
+        backend = make_backend(hardware.get("backend", "cpu"))
+        graphs = {}
+        for name in manifest["graphs"]:
+            record = _json(open_file(f"graphs/{name}.json"), folder, name)
+            graphs[name] = _compiled_from_record(record, tensors, backend, folder)
+            for fn, src in graphs[name].sources.items():
+                if open_file(f"kernels/{fn}.c").decode() != src:
+                    raise KilnError(f"kiln: {folder}: kernel {fn} differs from what this Kiln "
+                                    "renders; the artifact is corrupted, compile it again")
+        tokenizer = None
+        if manifest.get("tokenizer"):
+            from transformers import AutoTokenizer
+            tokenizer = AutoTokenizer.from_pretrained(str(Path(folder) / "tokenizer"), local_files_only=True)
+        report = _json(open_file("report.json"), folder, "report")
+        return CompiledModel(manifest["kind"], graphs, manifest["info"], hardware, tokenizer, report)
+
+
+def _json(raw: bytes, folder, what: str) -> dict:
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise KilnError(f"kiln: the artifact {folder} is corrupted: {what}: {err}") from err
+
+
+def _graph_record(compiled: CompiledGraph) -> dict:
+    reps = {}
+    for region in compiled.regions:
+        reps.setdefault(region.key, region)
+    choices = {}
+    for key, choice in compiled.choices.items():
+        program = Graph(inputs=list(reps[key].inputs), outputs=list(choice.outputs))
+        choices[key] = {"program": graph_to_json(program), "variant": choice.variant,
+                        "configs": [c.to_json() for c in choice.configs]}
+    return {"graph": graph_to_json(compiled.graph), "choices": choices}
+
+
+def _compiled_from_record(record: dict, tensors: dict, backend, folder) -> CompiledGraph:
+    try:
+        graph = graph_from_json(record["graph"])
+        graph.weights = {n.attrs["name"]: tensors[n.attrs["name"]] for n in graph.weight_nodes()}
+        keys = {r.key for r in regionlib.split(graph)}
+        choices = {}
+        for key, c in record["choices"].items():
+            program = graph_from_json(c["program"])
+            choices[key] = Choice(program.outputs, c["variant"],
+                                  [KernelConfig.from_json(x) for x in c["configs"]])
+        if keys - choices.keys():
+            raise KeyError(f"regions without a choice: {sorted(keys - choices.keys())}")
+    except (KeyError, TypeError, ValueError) as err:
+        raise KilnError(f"kiln: the artifact {folder} is corrupted: {err}") from err
+    return CompiledGraph(graph, choices, backend)

@@ -1,0 +1,142 @@
+"""The tuner's loop for one region: draw candidates from the saturated e-graph (random first, then
+bred from the fastest measured), have each one checked and estimated by the backend, journal every
+result in the tuning database, and time the best few end to end to pick the winner.
+
+The backend work (scheduling, compiling, checking, timing) arrives as callables, so this module
+knows nothing of kernels: `evaluate(outputs, variant) -> Outcome` and
+`end_to_end(outputs, variant) -> seconds`. A variant is an opaque name for how the backend turns
+a program into kernels (its fusion policy). A resumed compile finds every finished candidate in
+the journal and measures it again never."""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ..ir import Node
+from . import extract
+from .budget import Deadline
+from .saturate import Saturated
+from .tunedb import TuneDB
+
+ORIGINAL = "original"          # the candidate key of the program as lowered (no rewrite applied)
+FINALISTS = 3                  # candidates timed end to end
+BATCH = 8                      # candidates drawn per round
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str                        # "ok" or a rejection: wrong, nan, crash, compile, timeout
+    estimate_s: float | None = None    # summed kernel times, when ok
+    detail: str = ""
+
+
+@dataclass
+class Progress:
+    """What a progress display shows about one region's search."""
+    region: str
+    tried: int = 0
+    valid: int = 0
+    first_valid_s: float | None = None
+    best_s: float | None = None
+    curve: list[tuple[float, int, float]] = field(default_factory=list)  # (elapsed s, tried, best)
+
+    @property
+    def gain(self) -> float | None:
+        if self.first_valid_s and self.best_s:
+            return self.first_valid_s / self.best_s
+        return None
+
+
+@dataclass
+class Winner:
+    key: str
+    variant: str
+    outputs: list[Node]
+    estimate_s: float
+    end_to_end_s: float
+    progress: Progress
+
+
+class RegionTuner:
+    def __init__(self, region: str, label: str, original: Sequence[Node], saturated: Saturated | None,
+                 variants: Sequence[str], evaluate: Callable[[list[Node], str], Outcome],
+                 end_to_end: Callable[[list[Node], str], float], db: TuneDB, compile_id: str,
+                 seed: int = 0, on_progress: Callable[[Progress], None] = lambda p: None):
+        self.region, self.original, self.saturated = region, list(original), saturated
+        self.variants, self.evaluate, self.end_to_end = list(variants), evaluate, end_to_end
+        self.db, self.compile_id = db, compile_id
+        self.rng = random.Random(seed)
+        self.progress = Progress(label)
+        self.on_progress = on_progress
+        self.scored: dict[tuple, float] = {}          # genome -> best estimate over variants
+        self.ok: list[tuple[float, str, str, list[Node]]] = []   # estimate, key, variant, outputs
+        self.start = time.monotonic()
+
+    def run(self, deadline: Deadline, max_candidates: int) -> Winner:
+        self.deadline = deadline
+        self._try(ORIGINAL, None, self.original)
+        seen = {ORIGINAL}
+        view = self.saturated.graph if self.saturated else None
+        while view is not None and not deadline.expired and self.progress.tried < max_candidates:
+            batch = (extract.genetic_candidates(view, list(self.scored.items()), BATCH, self.rng)
+                     if len(self.scored) >= 2 else extract.candidates(view, BATCH, self.rng))
+            fresh = [c for c in batch if c.key not in seen]
+            if not fresh:
+                break                       # the space is exhausted
+            for candidate in fresh:
+                if deadline.expired or self.progress.tried >= max_candidates:
+                    break
+                seen.add(candidate.key)
+                outputs = extract.decode(self.saturated.encoded, view, candidate.genome)
+                self._try(candidate.key, candidate.genome, outputs)
+        return self._final()
+
+    def _try(self, key: str, genome, outputs: list[Node]) -> None:
+        for k, variant in enumerate(self.variants):
+            if k and self.deadline.expired:     # the first variant of the original always runs
+                break
+            name = f"{key}/{variant}"
+            record = self.db.candidate(self.compile_id, self.region, name)
+            if record is None:
+                try:
+                    outcome = self.evaluate(outputs, variant)
+                except Exception as err:   # a candidate that breaks the backend is rejected, not fatal
+                    outcome = Outcome("crash", None, f"{type(err).__name__}: {err}")
+                self.db.record_candidate(self.compile_id, self.region, name, outcome.status,
+                                         outcome.estimate_s, detail=outcome.detail)
+            else:
+                outcome = Outcome(record.status, record.estimate_s, record.detail)
+            self._note(outcome, name, variant, outputs, genome)
+
+    def _note(self, outcome: Outcome, key: str, variant: str, outputs, genome) -> None:
+        p = self.progress
+        p.tried += 1
+        if outcome.status == "ok":
+            p.valid += 1
+            self.ok.append((outcome.estimate_s, key, variant, outputs))
+            if p.first_valid_s is None:
+                p.first_valid_s = outcome.estimate_s
+            p.best_s = min(p.best_s or outcome.estimate_s, outcome.estimate_s)
+            if genome is not None:
+                self.scored[genome] = min(self.scored.get(genome, outcome.estimate_s), outcome.estimate_s)
+        p.curve.append((time.monotonic() - self.start, p.tried, p.best_s or float("nan")))
+        self.on_progress(p)
+
+    def _final(self) -> Winner:
+        if not self.ok:
+            raise RuntimeError(f"no valid candidate for region {self.region}: even the program as "
+                               "lowered failed its check (see the tuning database's records)")
+        finalists = sorted(self.ok, key=lambda row: row[0])[:FINALISTS]
+        timed = []
+        for estimate, key, variant, outputs in finalists:
+            record = self.db.candidate(self.compile_id, self.region, key)
+            seconds = record.end_to_end_s if record and record.end_to_end_s else None
+            if seconds is None:
+                seconds = self.end_to_end(outputs, variant)
+                self.db.record_candidate(self.compile_id, self.region, key, "ok", estimate,
+                                         end_to_end_s=seconds)
+            timed.append((seconds, estimate, key, variant, outputs))
+        seconds, estimate, key, variant, outputs = min(timed, key=lambda row: row[0])
+        return Winner(key, variant, outputs, estimate, seconds, self.progress)
