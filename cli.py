@@ -137,6 +137,22 @@ def bench_search(models: tuple[str, ...], which: str, candidates: int, seconds: 
     run_search_bench(list(models), which, candidates, seconds, check, json_path, whole=not no_whole)
 
 
+@bench.command("compiled")
+@click.argument("artifact", type=click.Path())
+@click.option("--model", "spec", default="smollm2", show_default=True,
+              help="The MODEL the artifact was compiled from (eager runs it beside Kiln).")
+@click.option("--tokens", default=64, show_default=True, type=click.IntRange(3, None),
+              help="Decode steps timed.")
+@click.option("--prompt", "prompt_len", default=64, show_default=True, type=click.IntRange(2, None),
+              help="Prompt tokens for the prefill timing.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here.")
+@_clean_errors
+def bench_compiled(artifact: str, spec: str, tokens: int, prompt_len: int, json_path: str | None) -> None:
+    """Decode and prefill tokens/s of a compiled ARTIFACT beside PyTorch eager, in one run."""
+    from .runtime.bench import run_compiled_bench
+    run_compiled_bench(artifact, spec, tokens, prompt_len, json_path)
+
+
 @main.group()
 def rules() -> None:
     """Rewrite rules: what the library holds, whether a rule is sound, whether the search uses it."""
@@ -221,6 +237,107 @@ def rules_list(model: str | None) -> None:
     if disabled:
         click.echo("\ndisabled (kept out of every stage):")
         click.echo(_columns(disabled))
+
+
+@main.command()
+@click.argument("model")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Folder to write the compiled artifact to (replaced atomically when it exists).")
+@click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--budget", default="10m", show_default=True,
+              help="Search time for all graphs together: 90s, 10m, 2h, 1h30m ...")
+@click.option("--max-seq", default=256, show_default=True, type=click.IntRange(2, None),
+              help="KV cache positions: the longest prompt plus generated tokens.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
+              show_default=True, help="Weights and activations.")
+@click.option("--resume", is_flag=True, help="Continue the interrupted compile that wrote to --out, "
+              "re-measuring nothing it finished.")
+@click.option("--db", type=click.Path(dir_okay=False),
+              help="Tuning database (default: $KILN_TUNING_DB or ~/.cache/kiln/tuning.sqlite).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the candidate draws and sample inputs.")
+@_clean_errors
+def compile(model: str, out: str, backend: str, budget: str, max_seq: int, dtype: str, resume: bool,
+            db: str | None, seed: int) -> None:
+    """Compile MODEL (a causal LM) for this machine and write an artifact folder.
+
+    Every candidate program is checked against the reference interpreter and timed here; the
+    fastest wins. Measurements go to the tuning database as they are made, so an interrupted
+    compile continues with --resume, and a later compile re-measures nothing.
+    """
+    import torch
+    from .frontend import catalog
+    from .runtime.driver import compile_lm
+    from .search.budget import parse_budget
+    seconds = parse_budget(budget)
+    _check_writable(out)
+    loaded = catalog.load(model)
+    lm = loaded.model.to(getattr(torch, dtype))
+    compiled = compile_lm(lm, max_seq=max_seq, backend=backend, budget=seconds, db=db, out=out,
+                          resume=resume, tokenizer=loaded.tokenizer, seed=seed)
+    graphs = compiled.report["graphs"]
+    kernels = ", ".join(f"{name} {g['kernels']} kernels" for name, g in graphs.items())
+    click.echo(f"wrote {out}: {loaded.name}, {backend}, {kernels}")
+
+
+def _check_writable(out: str) -> None:
+    import os
+    from pathlib import Path
+    parent = Path(out).resolve().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        raise KilnError(f"kiln: cannot write the artifact to {out}: {parent} is not writable")
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--prompt", default="The capital of France is", show_default=True)
+@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, None))
+@click.option("--sample", "do_sample", is_flag=True, help="Sample instead of greedy decoding.")
+@click.option("--temperature", default=1.0, show_default=True)
+@click.option("--top-k", type=click.IntRange(1, None))
+@click.option("--top-p", type=float)
+@click.option("--seed", type=int, help="Seed for sampling: the same seed gives the same text.")
+@_clean_errors
+def generate(artifact: str, prompt: str, max_new_tokens: int, do_sample: bool, temperature: float,
+             top_k: int | None, top_p: float | None, seed: int | None) -> None:
+    """Generate from a compiled ARTIFACT, streaming the text as it comes."""
+    from .runtime.model import CompiledModel
+    model = CompiledModel.load(artifact)
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise KilnError(f"kiln: {artifact} carries no tokenizer; use CompiledModel.generate() with "
+                        "token ids")
+    from transformers import TextStreamer
+    streamer = TextStreamer(tokenizer, skip_special_tokens=True)
+    ids = tokenizer(prompt)["input_ids"]
+    model.generate(ids, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+                   top_k=top_k, top_p=top_p, seed=seed, streamer=streamer)
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@_clean_errors
+def info(artifact: str) -> None:
+    """What a compiled ARTIFACT holds: model, hardware, graphs, kernels and the search's figures."""
+    import json
+    from pathlib import Path
+    from .runtime.artifact import read_artifact
+    manifest, open_file, tensors = read_artifact(Path(artifact))
+    report = json.loads(open_file("report.json"))
+    hw = manifest.get("hardware", {})
+    click.echo(f"{artifact}: {manifest.get('kind')} {manifest['info'].get('architecture', '')}, "
+               f"Kiln {manifest.get('kiln_version')}, backend {hw.get('backend')}")
+    click.echo(f"hardware: {hw.get('cpu')} ({hw.get('usable_cores')} cores), gcc {hw.get('gcc')}")
+    click.echo(f"weights: {len(tensors)} tensors, {sum(t.nbytes for t in tensors.values()) / 1e6:,.1f} MB")
+    for name, g in report.get("graphs", {}).items():
+        click.echo(f"{name}: {g['kernels']} kernels, {g['kernels_measured']} kernel timings made, "
+                   f"search {g['seconds']:.1f} s, peak temporaries {g['peak_bytes'] / 1e6:.2f} MB")
+        for r in g["regions"]:
+            p = r["progress"]
+            gain = p["first_valid_s"] / p["best_s"] if p["best_s"] else float("nan")
+            click.echo(f"  {r['label']}: {p['tried']} candidates ({p['valid']} valid), best "
+                       f"{r['end_to_end_s'] * 1e6:,.0f} us end to end, {gain:.2f}x over the first")
 
 
 if __name__ == "__main__":

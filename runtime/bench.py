@@ -1,0 +1,106 @@
+"""`kiln bench compiled`: a compiled artifact's decode and prefill speed beside PyTorch eager on
+the same model and weights, in one run, with the search's own figures from the artifact."""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from ..frontend import catalog, hf
+from ..frontend.bench import write_json
+from .model import CompiledModel
+
+
+def _median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 0) -> dict:
+    compiled = CompiledModel.load(artifact)
+    model = catalog.load(spec).model.eval()
+    info = compiled.info
+    cache = hf.cache_spec(model, info["max_seq"])
+    if list(cache.shape) != info["cache_shape"] or cache.layers != info["layers"]:
+        raise ValueError(f"{artifact} was not compiled from {spec} (its cache layout differs)")
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(0, info["vocab_size"], size=(1, prompt_len), dtype=np.int64)
+    steps = rng.integers(0, info["vocab_size"], size=tokens + 2)
+
+    # Kiln, then eager, in separate blocks: each one's idle threads spin on the cores the other needs
+    prefill_graph, decode_graph = compiled.graphs["prefill"], compiled.graphs["decode"]
+    kiln_prefill = _median_time(lambda: prefill_graph(prompt), 3)
+    _, *caches = prefill_graph(prompt)
+    caches = [np.require(c, requirements="CW") for c in caches]
+    kiln_logits, kiln_decode = [], []
+    for k, token in enumerate(steps):
+        start = time.perf_counter()
+        logits, *_ = decode_graph(np.array([[token]]), np.array(prompt_len + k), *caches)
+        kiln_decode.append(time.perf_counter() - start)
+        kiln_logits.append(logits)
+
+    prefill_step, decode_step = hf.PrefillStep(model, cache).eval(), hf.DecodeStep(model, cache).eval()
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        eager_prefill = _median_time(lambda: prefill_step(ids), 3)
+        _, *torch_caches = prefill_step(ids)
+        eager_decode, rel = [], 0.0
+        for k, (token, mine) in enumerate(zip(steps, kiln_logits)):
+            start = time.perf_counter()
+            logits, *torch_caches = decode_step(torch.tensor([[int(token)]]), torch.tensor(prompt_len + k),
+                                                torch_caches)
+            eager_decode.append(time.perf_counter() - start)
+            ref = logits.float().numpy()
+            rel = max(rel, float(np.abs(mine - ref).max() / np.abs(ref).max()))
+    graphs = compiled.report.get("graphs", {})
+    warm = slice(2, None)
+    return {
+        "model": spec, "artifact": artifact, "max_seq": info["max_seq"], "prompt_tokens": prompt_len,
+        "decode_tokens_timed": tokens,
+        "kiln_decode_tokens_per_s": 1 / statistics.median(kiln_decode[warm]),
+        "eager_decode_tokens_per_s": 1 / statistics.median(eager_decode[warm]),
+        "kiln_prefill_tokens_per_s": prompt_len / kiln_prefill,
+        "eager_prefill_tokens_per_s": prompt_len / eager_prefill,
+        "decode_max_rel_error_vs_eager": rel,
+        "search": {name: {"seconds": g["seconds"], "kernels": g["kernels"],
+                          "kernel_timings": g["kernels_measured"],
+                          "candidates": sum(r["progress"]["tried"] for r in g["regions"]),
+                          "valid": sum(r["progress"]["valid"] for r in g["regions"])}
+                   for name, g in graphs.items()},
+    }
+
+
+def run_compiled_bench(artifact: str, spec: str, tokens: int, prompt_len: int,
+                       json_path: str | None) -> dict:
+    console = Console() if Console().is_terminal else Console(width=160)
+    console.print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
+                  f"({torch.get_num_threads()} threads); prompt {prompt_len} tokens, {tokens} decode "
+                  "steps timed (medians, after 2 warm-up steps)")
+    with console.status(f"measuring {artifact} against {spec} in eager ..."):
+        r = measure(artifact, spec, tokens, prompt_len)
+    table = Table(title=f"kiln bench compiled: {spec} on the CPU")
+    for col in ("system", "decode tok/s", "prefill tok/s", "decode vs eager"):
+        table.add_column(col, justify="right")
+    table.add_row("PyTorch eager", f"{r['eager_decode_tokens_per_s']:.1f}",
+                  f"{r['eager_prefill_tokens_per_s']:.1f}", "1.00x")
+    table.add_row("Kiln (cpu)", f"{r['kiln_decode_tokens_per_s']:.1f}", f"{r['kiln_prefill_tokens_per_s']:.1f}",
+                  f"{r['kiln_decode_tokens_per_s'] / r['eager_decode_tokens_per_s']:.2f}x")
+    console.print(table)
+    console.print(f"decode logits max relative error vs eager: {r['decode_max_rel_error_vs_eager']:.1e}")
+    for name, s in r["search"].items():
+        console.print(f"search, {name}: {s['candidates']} candidates ({s['valid']} valid), "
+                      f"{s['kernel_timings']} kernel timings, {s['kernels']} kernels chosen, "
+                      f"{s['seconds']:.0f} s")
+    if json_path:
+        write_json(json_path, r)
+    return r
