@@ -72,11 +72,15 @@ class CompiledGraph:
         self.graph, self.choices, self.backend = graph, choices, backend
         self.regions = regionlib.split(graph)
         self.executors = []
+        first: dict[str, Executor] = {}     # identical regions share a program and its kernels
         for region in self.regions:
             choice = choices[region.key]
             sub = region_graph(graph, region, choice.outputs)
-            program = schedule(sub, POLICIES[choice.variant])
-            self.executors.append(Executor(sub, program, choice.configs, backend))
+            like = first.get(region.key)
+            program = like.program if like else schedule(sub, POLICIES[choice.variant])
+            executor = Executor(sub, program, choice.configs, backend, like=like)
+            first.setdefault(region.key, executor)
+            self.executors.append(executor)
 
     @property
     def sources(self) -> dict[str, str]:
@@ -119,7 +123,9 @@ def compile_graph(graph: Graph, backend, args: list[np.ndarray], seconds: float,
     report, choices = GraphReport(), {}
     for (key, group), feeds in zip(groups.items(), inflows):
         rep = group[0]
-        deadline = Deadline(seconds * rep.size * len(group) / total_work)
+        # half the budget is shared equally (a small region can hold the heaviest kernel, the
+        # vocabulary projection), half by work (IR nodes times repeats)
+        deadline = Deadline(seconds * (0.5 / len(groups) + 0.5 * rep.size * len(group) / total_work))
         t0 = time.monotonic()
         saturated = saturate(rep.outputs, rules, Limits(max_seconds=max(1.0, deadline.remaining() / 4)))
         saturate_s = time.monotonic() - t0

@@ -78,12 +78,18 @@ class Executor:
     """A compiled program bound to its weights, ready to call with numpy inputs."""
 
     def __init__(self, graph: Graph, program: Program, configs: list[KernelConfig], backend,
-                 weights: dict[str, np.ndarray] | None = None, reuse: bool = True):
+                 weights: dict[str, np.ndarray] | None = None, reuse: bool = True,
+                 like: Executor | None = None):
+        """`like`: an executor of the same program (an identical layer) whose compiled kernels
+        this one shares; only the weights differ."""
         self.graph, self.program, self.backend = graph, program, backend
         self.configs = list(configs)
-        self.sources = render(program, configs)
-        functions = backend.compile(dict(self.sources))
-        self.functions = [functions[name] for name, _ in self.sources]
+        if like is not None:
+            self.sources, self.functions = like.sources, like.functions
+        else:
+            self.sources = render(program, configs)
+            functions = backend.compile(dict(self.sources))
+            self.functions = [functions[name] for name, _ in self.sources]
         self.plan = plan_buffers(program, reuse)
         arena = [backend.allocate(n) for n in self.plan.slot_bytes]
         weights = graph.weights if weights is None else weights
