@@ -269,7 +269,6 @@ def compile(model: str, out: str, backend: str, budget: str, max_seq: int, dtype
     from .runtime.driver import compile_lm
     from .search.budget import parse_budget
     seconds = parse_budget(budget)
-    _check_writable(out)
     loaded = catalog.load(model)
     lm = loaded.model.to(getattr(torch, dtype))
     compiled = compile_lm(lm, max_seq=max_seq, backend=backend, budget=seconds, db=db, out=out,
@@ -277,16 +276,6 @@ def compile(model: str, out: str, backend: str, budget: str, max_seq: int, dtype
     graphs = compiled.report["graphs"]
     kernels = ", ".join(f"{name} {g['kernels']} kernels" for name, g in graphs.items())
     click.echo(f"wrote {out}: {loaded.name}, {backend}, {kernels}")
-
-
-def _check_writable(out: str) -> None:
-    import os
-    from pathlib import Path
-    parent = Path(out).resolve().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not os.access(parent, os.W_OK):
-        raise KilnError(f"kiln: cannot write the artifact to {out}: {parent} is not writable")
 
 
 @main.command()

@@ -19,3 +19,8 @@ class UnsupportedOp(KilnError):
 
 class ExportError(KilnError):
     """torch.export rejected the module."""
+
+
+class CompileError(KilnError):
+    """A generated kernel the backend's compiler rejected (a candidate's failure, not the
+    machine's)."""

@@ -56,6 +56,19 @@ def write_artifact(folder: Path, files: dict[str, bytes | str],
         shutil.rmtree(staging, ignore_errors=True)  # gone already when the rename succeeded
 
 
+def check_writable(folder: Path) -> None:
+    """Fail before a long compile, not after it, when `folder` cannot be written."""
+    folder = Path(folder).absolute()
+    existing = folder.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise KilnError(f"kiln: cannot write {folder}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise KilnError(f"kiln: cannot write {folder}: {existing} is not writable")
+    _check_target(folder)
+
+
 def read_artifact(folder: Path) -> tuple[dict, Callable[[str], bytes], dict[str, np.ndarray]]:
     """(manifest, open_file(name) -> bytes, tensors) of the artifact at `folder`."""
     folder = Path(folder)

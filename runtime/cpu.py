@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..codegen.c_emit import PRELUDE
-from ..ir.errors import KilnError
+from ..ir.errors import CompileError, KilnError
 
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-std=gnu11"]
 
@@ -33,10 +33,6 @@ def compiler() -> str:
         raise KilnError(f"kiln: no C compiler: '{cc}' is not on PATH; the CPU backend needs gcc "
                         "(install it, or set CC to one)")
     return cc
-
-
-class CompileError(KilnError):
-    pass
 
 
 def _build(source: str, out: Path) -> None:

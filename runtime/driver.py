@@ -18,6 +18,7 @@ from ..ir import Graph, KilnError
 from ..search.budget import parse_budget
 from ..search.tuner import Progress
 from ..search.tunedb import TuneDB
+from .artifact import check_writable
 from .compiler import CompiledGraph, GraphReport, compile_graph
 from .hardware import fingerprint_id
 from .model import CompiledModel, fingerprint, make_backend
@@ -36,6 +37,7 @@ def compile_id_for(out: str | Path | None, resume: bool, what: str) -> str:
         if resume:
             raise KilnError("kiln: resume needs the output folder of the interrupted compile")
         return uuid.uuid4().hex
+    check_writable(Path(out))
     journal = _journal_path(Path(out))
     if resume:
         try:

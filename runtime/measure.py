@@ -12,6 +12,7 @@ from ..codegen.kernel import Kernel, KernelConfig, config_space
 from ..codegen.schedule import FusionPolicy, Program, schedule
 from ..ir import Graph, Node
 from ..ir.compare import mismatch
+from ..ir.errors import CompileError
 from ..search.budget import Deadline
 from ..search.tuner import Outcome
 from ..search.tunedb import TuneDB
@@ -49,8 +50,11 @@ class Measurer:
     def evaluate(self, outputs: list[Node], variant: str) -> Outcome:
         graph = self.region.graph(outputs)
         program = schedule(graph, POLICIES[variant])
-        executor = Executor(graph, program, [KernelConfig()] * len(program.kernels), self.backend,
-                            reuse=False)
+        try:
+            executor = Executor(graph, program, [KernelConfig()] * len(program.kernels), self.backend,
+                                reuse=False)
+        except CompileError as err:
+            return Outcome("compile", None, str(err)[-500:])
         args = self._fresh_args()
         got = executor(*args)
         for k, (g, w) in enumerate(zip(got, self.region.want)):

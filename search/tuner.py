@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..ir import Node
+from ..ir import KilnError, Node
 from . import extract
 from .budget import Deadline
 from .saturate import Saturated
@@ -102,6 +102,8 @@ class RegionTuner:
             if record is None:
                 try:
                     outcome = self.evaluate(outputs, variant)
+                except KilnError:          # the machine's problem (no compiler ...), not the candidate's
+                    raise
                 except Exception as err:   # a candidate that breaks the backend is rejected, not fatal
                     outcome = Outcome("crash", None, f"{type(err).__name__}: {err}")
                 self.db.record_candidate(self.compile_id, self.region, name, outcome.status,
@@ -126,8 +128,9 @@ class RegionTuner:
 
     def _final(self) -> Winner:
         if not self.ok:
-            raise RuntimeError(f"no valid candidate for region {self.region}: even the program as "
-                               "lowered failed its check (see the tuning database's records)")
+            raise KilnError(f"kiln: no valid candidate for region {self.progress.region}: even the "
+                            "program as lowered failed its check against the reference interpreter "
+                            "(the tuning database's candidates table says why)")
         finalists = sorted(self.ok, key=lambda row: row[0])[:FINALISTS]
         timed = []
         for estimate, key, variant, outputs in finalists:
