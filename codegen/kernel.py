@@ -176,3 +176,26 @@ def _has_reduce(s: Scalar) -> bool:
 
 def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:20]
+
+
+def traffic_bytes(kernel: Kernel, env: dict[str, int]) -> int:
+    """The fewest bytes a kernel moves: each buffer it reads once, its output once (reports
+    divide time by it for achieved bandwidth; the search never ranks by it)."""
+    buffers = (kernel.output, *kernel.inputs)
+    return sum(b.size.evaluate(env) * b.dtype.itemsize for b in buffers)
+
+
+def arithmetic_ops(kernel: Kernel, env: dict[str, int]) -> int:
+    """Arithmetic operations a kernel performs (selects, casts and loads excluded)."""
+    def count(s: Scalar, seen: set) -> int:
+        if id(s) in seen:
+            return 0
+        seen.add(id(s))
+        if isinstance(s, Reduce):
+            return s.extent.evaluate(env) * (1 + count(s.body, set()))
+        own = 1 if isinstance(s, Apply) and s.op not in (Op.WHERE, Op.CAST) else 0
+        return own + sum(count(c, seen) for c in s.children())
+    points = 1
+    for _, extent in kernel.loops:
+        points *= extent.evaluate(env)
+    return points * count(kernel.value, set())

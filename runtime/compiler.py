@@ -48,6 +48,7 @@ class RegionReport:
     end_to_end_s: float
     saturate_s: float
     search_s: float
+    kernels: list[dict] = field(default_factory=list)   # the winner's, with times and traffic
 
 
 @dataclass
@@ -139,12 +140,12 @@ def compile_graph(graph: Graph, backend, args: list[np.ndarray], seconds: float,
                             measurer.end_to_end, db, compile_id, seed,
                             lambda p, d=deadline: on_progress(p, d.remaining()))
         winner = tuner.run(deadline, max_candidates)
-        _, _, configs = measurer.build(winner.outputs, winner.variant)
+        _, program, configs = measurer.build(winner.outputs, winner.variant)
         choices[key] = Choice(winner.outputs, winner.variant, configs)
         report.kernels_measured += measurer.kernels_measured
         report.regions.append(RegionReport(
             key, label, len(group), rep.size, saturated.stages, winner.progress, winner.key,
             winner.variant, winner.estimate_s, winner.end_to_end_s, saturate_s,
-            time.monotonic() - t0 - saturate_s))
+            time.monotonic() - t0 - saturate_s, measurer.kernel_report(program, configs)))
     report.seconds = time.monotonic() - start
     return CompiledGraph(graph, choices, backend), report

@@ -14,10 +14,20 @@ from pathlib import Path
 
 import numpy as np
 
-from ..codegen.c_emit import PRELUDE
+from ..codegen.c_emit import PRELUDE, emit_c
+from ..codegen.kernel import Kernel, KernelConfig, config_space, source_hash
+from ..ir.dtypes import DType
 from ..ir.errors import CompileError, KilnError
 
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-std=gnu11"]
+
+
+COPY_SOURCE = """
+void kiln_copy_bandwidth(float* restrict dst, const float* restrict src, int64_t n) {
+  #pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; i++) dst[i] = src[i];
+}
+"""
 
 
 def cache_dir() -> Path:
@@ -94,14 +104,88 @@ class CpuBackend:
             tmp.write_text(so.name)
             os.replace(tmp, ref)
 
+    def copy_bandwidth(self, nbytes: int = 256 << 20) -> float:
+        """Bytes per second (read plus written) of a copy on all cores: the memory ceiling that
+        reports hold each kernel's traffic against."""
+        copy = self.compile({"kiln_copy_bandwidth": COPY_SOURCE})["kiln_copy_bandwidth"]
+        src, dst = np.ones(nbytes // 4, np.float32), np.empty(nbytes // 4, np.float32)
+        args = (ctypes.c_void_p(dst.ctypes.data), ctypes.c_void_p(src.ctypes.data), ctypes.c_int64(src.size))
+        copy(*args)
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            copy(*args)
+            times.append(time.perf_counter() - start)
+        return 2 * nbytes / sorted(times)[len(times) // 2]
+
+    # --- the executor's interface (runtime/executor.py) ----------------------------------------
+    @staticmethod
+    def render(kernel: Kernel, config: KernelConfig) -> tuple[str, str]:
+        """(function name, C source); the name is the hash of the source, so equal kernels share
+        one compiled function and one tuning record."""
+        draft = emit_c(kernel, config, "KERNEL")
+        name = f"k_{source_hash(draft)}"
+        return name, draft.replace("void KERNEL(", f"void {name}(", 1)
+
+    @staticmethod
+    def config_space(kernel: Kernel) -> list[KernelConfig]:
+        return config_space(kernel)
+
+    @staticmethod
+    def default_config() -> KernelConfig:
+        return KernelConfig()
+
+    @staticmethod
+    def config_from_json(data: dict) -> KernelConfig:
+        return KernelConfig.from_json(data)
+
     @staticmethod
     def allocate(nbytes: int) -> np.ndarray:
         return np.empty(max(nbytes, 1), dtype=np.uint8)
 
     @staticmethod
-    def synchronize() -> None:
-        pass
+    def upload(array: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(array)
 
     @staticmethod
-    def now() -> float:
-        return time.perf_counter()
+    def input(array) -> np.ndarray:
+        # np.ascontiguousarray would turn a 0-d array into shape (1,)
+        return np.asarray(array, order="C")
+
+    @staticmethod
+    def to_host(array) -> np.ndarray:
+        return array
+
+    @staticmethod
+    def arg(array: np.ndarray) -> ctypes.c_void_p:
+        return ctypes.c_void_p(array.ctypes.data)
+
+    @staticmethod
+    def symbol_buffer(count: int) -> np.ndarray:
+        return np.zeros(max(1, count), dtype=np.int64)
+
+    @staticmethod
+    def write_symbols(buffer: np.ndarray, values: list[int]) -> None:
+        buffer[:len(values)] = values
+
+    @staticmethod
+    def launcher(fn, kernel: Kernel, config: KernelConfig):
+        return lambda args, env: fn(*args)
+
+    @staticmethod
+    def poison(buffer: np.ndarray, dtype: DType) -> None:
+        """Fill with a value no kernel computes by accident (NaN, or all bits set)."""
+        buffer[:] = 0xFF if not dtype.is_float else 0
+        if dtype.is_float:
+            buffer.view(dtype.np)[:] = np.nan
+
+    @staticmethod
+    def time(fn, target_s: float, most: int) -> list[float]:
+        """Seconds per call of fn: at least 3 calls, more until target_s is spent (most calls)."""
+        times = []
+        while len(times) < 3 or (sum(times) < target_s and len(times) < most):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return times
+

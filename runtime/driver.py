@@ -98,6 +98,10 @@ def _search(graphs: dict[str, tuple[Graph, list[np.ndarray], float]], backend_na
                 graph, backend, args, seconds, db, fingerprint_id(hardware), f"{compile_id}:{name}",
                 seed, max_candidates, lambda p, left, name=name: update(name, p, left))
             reports[name] = _report_json(report, compiled[name])
+            reports[name]["compile_id"] = f"{compile_id}:{name}"
+        bandwidth, db_path = backend.copy_bandwidth(), str(db.path)
+    for r in reports.values():
+        r.update(db=db_path, copy_bytes_per_s=bandwidth)
     return compiled, reports, hardware
 
 

@@ -3,31 +3,13 @@ do not overlap), kernels launched in order, symbols bound per call, and inputs w
 where the program says so (the KV cache)."""
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..codegen.c_emit import emit_c
-from ..codegen.kernel import Kernel, KernelConfig, source_hash
+from ..codegen.kernel import KernelConfig
 from ..codegen.schedule import Program
 from ..ir.graph import Graph
-
-
-def kernel_name(source_key: str) -> str:
-    return f"k_{source_key}"
-
-
-def render_kernel(kernel: Kernel, config: KernelConfig) -> tuple[str, str]:
-    """(function name, C source); the name is the hash of the source, so equal kernels share one
-    compiled function and one tuning record."""
-    draft = emit_c(kernel, config, "KERNEL")
-    name = kernel_name(source_hash(draft))
-    return name, draft.replace("void KERNEL(", f"void {name}(", 1)
-
-
-def render(program: Program, configs: list[KernelConfig]) -> list[tuple[str, str]]:
-    return [render_kernel(k, c) for k, c in zip(program.kernels, configs)]
 
 
 @dataclass
@@ -75,7 +57,11 @@ def plan_buffers(program: Program, reuse: bool = True) -> BufferPlan:
 
 
 class Executor:
-    """A compiled program bound to its weights, ready to call with numpy inputs."""
+    """A compiled program bound to its weights on a backend, ready to call.
+
+    The backend (runtime/cpu.py, runtime/cuda.py) renders and compiles kernels, owns the memory
+    and launches; the executor holds the buffer plan and the launch list. Inputs and outputs are
+    the backend's arrays (numpy on the CPU); numpy inputs are accepted everywhere."""
 
     def __init__(self, graph: Graph, program: Program, configs: list[KernelConfig], backend,
                  weights: dict[str, np.ndarray] | None = None, reuse: bool = True,
@@ -87,67 +73,69 @@ class Executor:
         if like is not None:
             self.sources, self.functions = like.sources, like.functions
         else:
-            self.sources = render(program, configs)
+            self.sources = [backend.render(k, c) for k, c in zip(program.kernels, configs)]
             functions = backend.compile(dict(self.sources))
             self.functions = [functions[name] for name, _ in self.sources]
         self.plan = plan_buffers(program, reuse)
         arena = [backend.allocate(n) for n in self.plan.slot_bytes]
         weights = graph.weights if weights is None else weights
-        self.arrays: dict[str, np.ndarray] = {}
+        self.arrays = {}
         for name, b in program.buffers.items():
             if b.role == "weight":
-                self.arrays[name] = np.ascontiguousarray(weights[b.source], dtype=b.dtype.np)
+                self.arrays[name] = backend.upload(np.asarray(weights[b.source], dtype=b.dtype.np))
             elif name in self.plan.slot_of:
                 self.arrays[name] = arena[self.plan.slot_of[name]]
-        # per kernel: its buffers (a fixed pointer, or the name of a call input) and its symbols
-        self._symbols = [np.zeros(max(1, len(k.symbols)), dtype=np.int64) for k in program.kernels]
+        # per kernel: its buffers (a fixed address, or the name of a call input) and its symbols
+        self._symbols = [backend.symbol_buffer(len(k.symbols)) for k in program.kernels]
         self._args = []
         for kernel, symbols in zip(program.kernels, self._symbols):
             args = []
             for name in (kernel.output.name, *(b.name for b in kernel.inputs)):
                 name = program.aliases.get(name, name)
-                args.append(name if name not in self.arrays else ctypes.c_void_p(self.arrays[name].ctypes.data))
-            args.append(ctypes.c_void_p(symbols.ctypes.data))
+                args.append(name if name not in self.arrays else backend.arg(self.arrays[name]))
+            args.append(backend.arg(symbols))
             self._args.append(args)
         self._dynamic = [i for i, k in enumerate(program.kernels)
                          if k.symbols or any(isinstance(a, str) for a in self._args[i])]
+        self._launchers = [backend.launcher(fn, k, c)
+                           for fn, k, c in zip(self.functions, program.kernels, self.configs)]
 
-    def __call__(self, *args: np.ndarray) -> list[np.ndarray]:
-        """Run on numpy inputs (in the graph's input order). Inputs the program updates in place
-        (the KV cache) are written through and returned as they are; other outputs are copies."""
+    def __call__(self, *args) -> list:
+        """Run on inputs in the graph's input order. Inputs the program updates in place (the KV
+        cache) are written through and returned as they are; other outputs are fresh arrays."""
         inputs, env = self.bind(args)
-        for fn, kernel_args in zip(self.functions, self.launch_args(inputs, env)):
-            fn(*kernel_args)
+        for launch, kernel_args in zip(self._launchers, self.launch_args(inputs, env)):
+            launch(kernel_args, env)
         return [self.result(name, inputs, env) for name in self.program.outputs]
 
-    def trace(self, *args: np.ndarray) -> dict[str, np.ndarray]:
-        """Run kernel by kernel and return a copy of every buffer a kernel wrote, by name (how
-        each kernel is checked against the reference on its own)."""
+    def trace(self, *args) -> dict[str, np.ndarray]:
+        """Run kernel by kernel and return every buffer a kernel wrote, by name, on the host."""
         inputs, env = self.bind(args)
         written = {}
-        for fn, kernel_args, kernel in zip(self.functions, self.launch_args(inputs, env),
-                                           self.program.kernels):
-            fn(*kernel_args)
-            written[kernel.output.name] = self.result(kernel.output.name, inputs, env).copy()
+        for launch, kernel_args, kernel in zip(self._launchers, self.launch_args(inputs, env),
+                                               self.program.kernels):
+            launch(kernel_args, env)
+            written[kernel.output.name] = self.backend.to_host(self.result(kernel.output.name, inputs, env))
         return written
 
-    def bind(self, args) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-        args = [np.asarray(a, order="C") for a in args]
-        env = self.graph.bind_symbols([a.shape for a in args], [a.dtype for a in args])
+    def bind(self, args) -> tuple[dict, dict[str, int]]:
+        args = [self.backend.input(a) for a in args]
+        env = self.graph.bind_symbols([tuple(a.shape) for a in args], [a.dtype for a in args])
         return dict(zip(self.program.inputs, args)), env
 
-    def launch_args(self, inputs: dict[str, np.ndarray], env: dict[str, int]) -> list[tuple]:
-        """Each kernel's ctypes arguments for one call (fixed pointers are built once)."""
+    def launch_args(self, inputs: dict, env: dict[str, int]) -> list[list]:
+        """Each kernel's arguments for one call (fixed addresses are built once)."""
         out = list(self._args)
         for i in self._dynamic:
             kernel = self.program.kernels[i]
-            for k, s in enumerate(kernel.symbols):
-                self._symbols[i][k] = env[s]
-            out[i] = [ctypes.c_void_p(inputs[a].ctypes.data) if isinstance(a, str) else a
-                      for a in self._args[i]]
+            if kernel.symbols:
+                self.backend.write_symbols(self._symbols[i], [env[s] for s in kernel.symbols])
+            out[i] = [self.backend.arg(inputs[a]) if isinstance(a, str) else a for a in self._args[i]]
         return out
 
-    def result(self, name: str, inputs: dict[str, np.ndarray], env: dict[str, int]) -> np.ndarray:
+    def result(self, name: str, inputs: dict, env: dict[str, int]):
+        """A buffer as an array of its node's shape: an input updated in place is returned as is;
+        a temporary is copied out of the arena."""
         b = self.program.buffers[name]
         if name in self.program.aliases or b.role == "input":
             return inputs[self.program.aliases.get(name, name)]

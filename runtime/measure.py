@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..codegen.kernel import Kernel, KernelConfig, config_space
+from ..codegen.kernel import Kernel, KernelConfig, arithmetic_ops, traffic_bytes
 from ..codegen.schedule import FusionPolicy, Program, schedule
 from ..ir import Graph, Node
 from ..ir.compare import mismatch
@@ -16,7 +16,7 @@ from ..ir.errors import CompileError
 from ..search.budget import Deadline
 from ..search.tuner import Outcome
 from ..search.tunedb import TuneDB
-from .executor import Executor, render_kernel
+from .executor import Executor
 
 # the fusion policies the search chooses among, by name (a tuner "variant")
 POLICIES = {p.key(): p for p in (FusionPolicy(12, 1), FusionPolicy(4, 0), FusionPolicy(32, 3))}
@@ -51,7 +51,7 @@ class Measurer:
         graph = self.region.graph(outputs)
         program = schedule(graph, POLICIES[variant])
         try:
-            executor = Executor(graph, program, [KernelConfig()] * len(program.kernels), self.backend,
+            executor = Executor(graph, program, [self.backend.default_config()] * len(program.kernels), self.backend,
                                 reuse=False)
         except CompileError as err:
             return Outcome("compile", None, str(err)[-500:])
@@ -69,13 +69,7 @@ class Measurer:
         executor = Executor(graph, program, configs, self.backend)
         args = self._fresh_args()
         executor(*args)
-        times = []
-        for _ in range(repeats):
-            args = self._fresh_args()
-            start = self.backend.now()
-            executor(*args)
-            self.backend.synchronize()
-            times.append(self.backend.now() - start)
+        times = self.backend.time(lambda: executor(*args), 0.0, repeats)
         return statistics.median(times)
 
     def build(self, outputs: list[Node], variant: str) -> tuple[Graph, Program, list[KernelConfig]]:
@@ -83,12 +77,27 @@ class Measurer:
         yet measured is measured now)."""
         graph = self.region.graph(outputs)
         program = schedule(graph, POLICIES[variant])
-        executor = Executor(graph, program, [KernelConfig()] * len(program.kernels), self.backend,
+        executor = Executor(graph, program, [self.backend.default_config()] * len(program.kernels), self.backend,
                             reuse=False)
         args = self._fresh_args()
         executor(*args)
         configs, _ = self._tune_kernels(executor, args)
         return graph, program, configs
+
+    def kernel_report(self, program: Program, configs: list[KernelConfig]) -> list[dict]:
+        """Per kernel of a chosen program: what it computes, its configuration, its measured time
+        and the bytes and operations it must at least move and do, at the tuning sizes."""
+        args = self.region.args
+        env = self.region.graph([]).bind_symbols(
+            [np.shape(a) for a in args], [np.asarray(a).dtype for a in args])
+        rows = []
+        for kernel, config in zip(program.kernels, configs):
+            name, _ = self.backend.render(kernel, config)
+            symbols = {s: env[s] for s in kernel.symbols}
+            rows.append({"label": kernel.label, "function": name, "config": config.key(),
+                         "seconds": self.db.kernel_time(self.fingerprint, name, config.key(), symbols),
+                         "bytes": traffic_bytes(kernel, env), "ops": arithmetic_ops(kernel, env)})
+        return rows
 
     # --- kernels ------------------------------------------------------------------------------
     def _fresh_args(self) -> list[np.ndarray]:
@@ -107,7 +116,7 @@ class Measurer:
             symbols = {s: env[s] for s in kernel.symbols}
             # past the deadline, only the default configuration (what the winner needs to run)
             count = 1 if self.deadline is not None and self.deadline.expired else self.max_configs
-            rows = [(c, *render_kernel(kernel, c)) for c in config_space(kernel)[:count]]
+            rows = [(c, *self.backend.render(kernel, c)) for c in self.backend.config_space(kernel)[:count]]
             options.append((symbols, rows))
             for c, name, src in rows:
                 if (self.db.kernel_time(self.fingerprint, name, c.key(), symbols) is None
@@ -116,7 +125,7 @@ class Measurer:
         functions = self.backend.compile({n: src for n, (_, _, src) in pending.items()}) if pending else {}
         for name, (i, config, _) in pending.items():
             kernel = kernels[i]
-            expected = np.array(executor.result(kernel.output.name, inputs, env), copy=True)
+            expected = self.backend.to_host(executor.result(kernel.output.name, inputs, env)).copy()
             self._measure(kernel, executor, inputs, env, launch_args[i], functions[name], name,
                           config, options[i][0], expected)
         chosen, total = [], 0.0
@@ -124,7 +133,7 @@ class Measurer:
             timed = [(self.db.kernel_time(self.fingerprint, name, c.key(), symbols), c)
                      for c, name, _ in rows]
             seconds, best = min(((t, c) for t, c in timed if t is not None),
-                                key=lambda tc: tc[0], default=(0.0, KernelConfig()))
+                                key=lambda tc: tc[0], default=(0.0, self.backend.default_config()))
             chosen.append(best)
             total += seconds
         return chosen, total
@@ -132,19 +141,15 @@ class Measurer:
     def _measure(self, kernel: Kernel, executor: Executor, inputs, env, args, fn, name: str,
                  config: KernelConfig, symbols: dict, expected: np.ndarray) -> None:
         out_name = kernel.output.name
-        if out_name not in executor.program.aliases and kernel.output.dtype.is_float:
-            executor.arrays[out_name].view(kernel.output.dtype.np)[:] = np.nan  # a kernel must write
-        fn(*args)
-        bad = mismatch(executor.result(out_name, inputs, env), expected)
+        if out_name not in executor.program.aliases:
+            self.backend.poison(executor.arrays[out_name], kernel.output.dtype)  # a kernel must write
+        launch = self.backend.launcher(fn, kernel, config)
+        launch(args, env)
+        bad = mismatch(self.backend.to_host(executor.result(out_name, inputs, env)), expected)
         if bad:
             self.db.record_kernel_failure(self.fingerprint, name, config.key(), symbols, bad[0], bad[1])
             return
-        times = []
-        while len(times) < 3 or (sum(times) < TIMING_TARGET_S and len(times) < MAX_REPEATS):
-            start = self.backend.now()
-            fn(*args)
-            self.backend.synchronize()
-            times.append(self.backend.now() - start)
+        times = self.backend.time(lambda: launch(args, env), TIMING_TARGET_S, MAX_REPEATS)
         self.db.record_kernel(self.fingerprint, name, config.key(), symbols,
                               statistics.median(times), len(times))
         self.kernels_measured += 1

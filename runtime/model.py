@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from ..codegen.kernel import KernelConfig
 from ..ir import DType, Graph, KilnError
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..search import regions as regionlib
@@ -201,7 +200,7 @@ def _compiled_from_record(record: dict, tensors: dict, backend, folder) -> Compi
         for key, c in record["choices"].items():
             program = graph_from_json(c["program"])
             choices[key] = Choice(program.outputs, c["variant"],
-                                  [KernelConfig.from_json(x) for x in c["configs"]])
+                                  [backend.config_from_json(x) for x in c["configs"]])
         if keys - choices.keys():
             raise KeyError(f"regions without a choice: {sorted(keys - choices.keys())}")
     except (KeyError, TypeError, ValueError) as err:
