@@ -14,6 +14,7 @@ from .kernel import (Apply, Bind, Const, InRange, IndexValue, Kernel, KernelConf
 STORAGE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DType.I32: "int32_t",
            DType.I64: "int64_t", DType.BOOL: "bool"}
 COMPUTE = {**STORAGE, DType.F16: "float", DType.BF16: "float"}
+_UNSIGNED = {DType.I32: "uint32_t", DType.I64: "uint64_t"}
 LOWEST = {DType.I32: "INT32_MIN", DType.I64: "INT64_MIN", DType.BOOL: "false"}   # MaxReduce's start;
 # floats start at -INFINITY
 
@@ -24,6 +25,13 @@ PRELUDE = r"""
 #include <string.h>
 static inline int64_t kiln_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t kiln_max(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t kiln_floordiv(int64_t a, int64_t b) {
+  return a / b - (a % b != 0 && (a < 0) != (b < 0));
+}
+static inline int64_t kiln_mod(int64_t a, int64_t b) {
+  int64_t r = a % b;
+  return r != 0 && (r < 0) != (b < 0) ? r + b : r;
+}
 static inline float kiln_bf16_load(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline uint16_t kiln_bf16_store(float f) {
   uint32_t u; memcpy(&u, &f, 4);
@@ -45,12 +53,18 @@ def op_code(op: Op, dtype: DType, operand: DType, args: list[str]) -> str:
     if op in _UNARY_F32:
         return _UNARY_F32[op].format(*args)
     a, b = args[0], args[-1]
+    if op in (Op.ADD, Op.MUL) and dtype.is_int:
+        # integers wrap around as numpy's do: unsigned arithmetic, since signed overflow is
+        # undefined in C and gcc folds (x + 1 < x) to false
+        u = _UNSIGNED[dtype]
+        return f"(({STORAGE[dtype]})(({u}){a} {'+' if op is Op.ADD else '*'} ({u}){b}))"
     if op is Op.ADD:
         return f"({a} || {b})" if dtype is DType.BOOL else f"({a} + {b})"
     if op is Op.MUL:
         return f"({a} && {b})" if dtype is DType.BOOL else f"({a} * {b})"
     if op is Op.MOD:
-        return f"fmodf({a}, {b})" if operand.is_float else f"({b} == 0 ? 0 : {a} % {b})"
+        # numpy's fmod gives 0 for x % 0; x % -1 is 0 too, but INT_MIN % -1 traps in C
+        return f"fmodf({a}, {b})" if operand.is_float else f"({b} == 0 || {b} == -1 ? 0 : {a} % {b})"
     if op is Op.LESS_THAN:
         return f"({a} < {b})"
     if op is Op.WHERE:
@@ -87,8 +101,23 @@ def index_code(expr: Expr) -> str:
 
 def _call_code(call: Call) -> str:
     a, b = (index_code(x) for x in call.args)
+    if call.fn in ("floordiv", "mod") and not all(map(_non_negative, call.args)):
+        return f"kiln_{call.fn}({a}, {b})"   # rounds down, as the IR's (Python's) // and % do
     return {"floordiv": f"({a} / {b})", "mod": f"({a} % {b})",
             "max": f"kiln_max({a}, {b})", "min": f"kiln_min({a}, {b})"}[call.fn]
+
+
+def _non_negative(expr: Expr) -> bool:
+    """True when expr cannot be negative: its variables (loop, reduce and bind indices, dims)
+    never are, so neither is a sum of their products with non-negative coefficients."""
+    return all(coeff >= 0 and all(isinstance(a, str) or _call_non_negative(a) for a in mono)
+               for mono, coeff in expr.terms)
+
+
+def _call_non_negative(call: Call) -> bool:
+    if call.fn == "max":
+        return any(map(_non_negative, call.args))
+    return all(map(_non_negative, call.args))
 
 
 def load_code(buffer: str, index: str, dtype: DType) -> str:
@@ -184,6 +213,10 @@ class _Body:
         self.memo[s] = result
         return result
 
+    def loop_pragmas(self, s: Reduce, acc: str) -> list[str]:
+        """What the dialect puts before a reduction's loop (vectorization, unrolling)."""
+        return []
+
     def reduce(self, s: Reduce) -> tuple[str, int]:
         level = self.level_of(free_vars(s, self.vars_memo))
         inner_level = level + 1
@@ -200,17 +233,13 @@ class _Body:
         body_type = COMPUTE[s.body.dtype]
         if s.op is Op.SUM_REDUCE:
             init, update = "0", f"{acc} += ({acc_type}){value};"
-            pragma = f"#pragma omp simd reduction(+:{acc})" if self.config.simd else ""
         else:
             init, acc_type = LOWEST.get(s.dtype, "-INFINITY"), body_type
             update = f"{acc} = ({value} > {acc} || {value} != {value}) ? {value} : {acc};"
-            pragma = ""
-        # gcc wants each of these pragmas directly before the loop, so simd takes precedence
-        unroll = f"#pragma GCC unroll {self.config.unroll}" if self.config.unroll > 1 and not pragma else ""
         extent = index_code(s.extent)
         block = self.blocks[level]
         block.append(f"{acc_type} {acc} = {init};")
-        block.extend(p for p in (pragma, unroll) if p)
+        block.extend(self.loop_pragmas(s, acc))
         block.append(f"for (int64_t {s.var} = 0; {s.var} < {extent}; {s.var}++) {{")
         block.extend("  " + line for line in inner)
         block.append(f"  {update}")
@@ -219,10 +248,18 @@ class _Body:
         return self.temp(code, s.dtype, level), level
 
 
+class _CBody(_Body):
+    def loop_pragmas(self, s: Reduce, acc: str) -> list[str]:
+        if s.op is Op.SUM_REDUCE and self.config.simd:
+            return [f"#pragma omp simd reduction(+:{acc})"]
+        # gcc wants each of these pragmas directly before the loop, so simd takes precedence
+        return [f"#pragma GCC unroll {self.config.unroll}"] if self.config.unroll > 1 else []
+
+
 def emit_c(kernel: Kernel, config: KernelConfig, name: str) -> str:
     """One C function `void name(out, in..., const int64_t* sym)` for the kernel."""
     loops = ordered_loops(kernel, config)
-    body = _Body(loops, config)
+    body = _CBody(loops, config)
     value, _ = body.emit(kernel.value)
     n = len(loops)
     store_level = body.level_of(kernel.store.symbols())

@@ -159,11 +159,13 @@ class _Scheduler:
         return kernel, alias
 
     def _in_place_target(self, node: Node) -> str | None:
-        """A slice update of an input read by nothing else writes into that input's buffer."""
+        """A slice update of an input read by nothing else (nor returned, which would return it
+        updated) writes into that input's buffer."""
         if node.op is not Op.SLICE_UPDATE:
             return None
         dst = node.inputs[0]
-        if dst.op is Op.INPUT and dst.attrs["role"] == "input" and len(self.users[id(dst)]) == 1:
+        if (dst.op is Op.INPUT and dst.attrs["role"] == "input" and len(self.users[id(dst)]) == 1
+                and not any(o is dst for o in self.graph.outputs)):
             return self.buffer_of[id(dst)]
         return None
 

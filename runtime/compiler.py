@@ -95,15 +95,20 @@ class CompiledGraph:
     def peak_bytes(self) -> int:
         return sum(ex.plan.peak_bytes for ex in self.executors)
 
-    def __call__(self, *args: np.ndarray) -> list[np.ndarray]:
-        args = [np.asarray(a, order="C") for a in args]
-        self.graph.bind_symbols([a.shape for a in args], [a.dtype for a in args])
-        values: dict[int, np.ndarray] = {id(n): a for n, a in zip(self.graph.inputs, args)}
+    def __call__(self, *args) -> list:
+        """Outputs as the backend's arrays (numpy on the CPU); inputs numpy or the backend's."""
+        args = [self.backend.input(a) for a in args]
+        dtypes = [self.backend.logical_dtype(a, n.dtype) for a, n in zip(args, self.graph.inputs)]
+        self.graph.bind_symbols([tuple(a.shape) for a in args], dtypes)
+        values: dict[int, object] = {id(n): a for n, a in zip(self.graph.inputs, args)}
         for region, executor in zip(self.regions, self.executors):
             feeds = [values[id(f)] for i, f in zip(region.inputs, region.feeds) if not is_weight(i)]
             for node, value in zip(region.produces, executor(*feeds)):
                 values[id(node)] = value
         return [values[id(o)] for o in self.graph.outputs]
+
+    def host(self, *args) -> list[np.ndarray]:
+        return [self.backend.to_host(out, node.dtype) for out, node in zip(self(*args), self.graph.outputs)]
 
 
 def compile_graph(graph: Graph, backend, args: list[np.ndarray], seconds: float, db: TuneDB,

@@ -153,8 +153,16 @@ class CpuBackend:
         return np.asarray(array, order="C")
 
     @staticmethod
-    def to_host(array) -> np.ndarray:
+    def to_host(array, dtype: DType) -> np.ndarray:
         return array
+
+    @staticmethod
+    def logical_dtype(array: np.ndarray, expected: DType) -> np.dtype:
+        return array.dtype
+
+    @staticmethod
+    def typed(buffer: np.ndarray, dtype: DType) -> np.ndarray:
+        return buffer.view(dtype.np)
 
     @staticmethod
     def arg(array: np.ndarray) -> ctypes.c_void_p:

@@ -31,8 +31,10 @@ def _journal_path(out: Path) -> Path:
     return out.parent / f".{out.name}.kiln-compile.json"
 
 
-def compile_id_for(out: str | Path | None, resume: bool, what: str) -> str:
-    """A fresh id, recorded beside `out`; with resume, the id of the interrupted compile there."""
+def compile_id_for(out: str | Path | None, resume: bool, what: str,
+                   db: str | Path | None = None) -> str:
+    """A fresh id, recorded beside `out` with the tuning database's path (where `kiln report`
+    finds a running compile's candidates); with resume, the id of the interrupted compile there."""
     if out is None:
         if resume:
             raise KilnError("kiln: resume needs the output folder of the interrupted compile")
@@ -52,7 +54,8 @@ def compile_id_for(out: str | Path | None, resume: bool, what: str) -> str:
     journal.parent.mkdir(parents=True, exist_ok=True)
     compile_id = uuid.uuid4().hex
     tmp = journal.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"compile_id": compile_id, "what": what}))
+    db_path = Path(db if db is not None else TuneDB.default_path()).expanduser().absolute()
+    tmp.write_text(json.dumps({"compile_id": compile_id, "what": what, "db": str(db_path)}))
     os.replace(tmp, journal)
     return compile_id
 
@@ -136,7 +139,7 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
     decode_args = [token, np.array(tune_seq, dtype=np.int64), *caches]
     what = hashlib.sha256(f"lm {type(model).__name__} {model.config.to_json_string()} {max_seq} "
                           f"{backend}".encode()).hexdigest()[:16]
-    compile_id = compile_id_for(out, resume, what)
+    compile_id = compile_id_for(out, resume, what, db)
     compiled, reports, hardware = _search(
         {"decode": (lowered.decode, decode_args, seconds * DECODE_SHARE),
          "prefill": (lowered.prefill, [prompt], seconds * (1 - DECODE_SHARE))},

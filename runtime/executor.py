@@ -115,12 +115,19 @@ class Executor:
         for launch, kernel_args, kernel in zip(self._launchers, self.launch_args(inputs, env),
                                                self.program.kernels):
             launch(kernel_args, env)
-            written[kernel.output.name] = self.backend.to_host(self.result(kernel.output.name, inputs, env))
+            written[kernel.output.name] = self.backend.to_host(self.result(kernel.output.name, inputs, env),
+                                                               kernel.output.dtype)
         return written
+
+    def host_outputs(self, *args) -> list[np.ndarray]:
+        """Run and bring every output to the host as numpy (bf16 through ml_dtypes)."""
+        return [self.backend.to_host(out, self.program.buffers[name].dtype)
+                for name, out in zip(self.program.outputs, self(*args))]
 
     def bind(self, args) -> tuple[dict, dict[str, int]]:
         args = [self.backend.input(a) for a in args]
-        env = self.graph.bind_symbols([tuple(a.shape) for a in args], [a.dtype for a in args])
+        dtypes = [self.backend.logical_dtype(a, n.dtype) for a, n in zip(args, self.graph.inputs)]
+        env = self.graph.bind_symbols([tuple(a.shape) for a in args], dtypes)
         return dict(zip(self.program.inputs, args)), env
 
     def launch_args(self, inputs: dict, env: dict[str, int]) -> list[list]:
@@ -141,4 +148,4 @@ class Executor:
             return inputs[self.program.aliases.get(name, name)]
         shape = tuple(d.evaluate(env) for d in b.shape)
         count = int(np.prod(shape, dtype=np.int64))
-        return self.arrays[name].view(b.dtype.np)[:count].reshape(shape).copy()
+        return self.backend.typed(self.arrays[name], b.dtype)[:count].reshape(shape).copy()

@@ -91,3 +91,13 @@ def describe_mismatch(expected: dict, actual: dict) -> str | None:
     built = ", ".join(_phrase(k, expected.get(k)) for k in keys)
     here = ", ".join(_phrase(k, actual.get(k)) for k in keys)
     return f"built for {built}; this machine has {here}"
+
+
+def fingerprint_cuda() -> dict:
+    """The GPU a CUDA compile tunes for: name, compute capability, memory, driver and runtime."""
+    from .cuda import cupy_or_error
+    cp = cupy_or_error()
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    return {"gpu": props["name"].decode(), "compute_capability": f"{props['major']}.{props['minor']}",
+            "gpu_memory": int(props["totalGlobalMem"]), "cuda_driver": cp.cuda.runtime.driverGetVersion(),
+            "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "cupy": cp.__version__}

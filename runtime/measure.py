@@ -56,7 +56,7 @@ class Measurer:
         except CompileError as err:
             return Outcome("compile", None, str(err)[-500:])
         args = self._fresh_args()
-        got = executor(*args)
+        got = executor.host_outputs(*args)
         for k, (g, w) in enumerate(zip(got, self.region.want)):
             bad = mismatch(g, w)
             if bad:
@@ -100,9 +100,10 @@ class Measurer:
         return rows
 
     # --- kernels ------------------------------------------------------------------------------
-    def _fresh_args(self) -> list[np.ndarray]:
-        """Copies: a program may update an input in place (the KV cache)."""
-        return [np.array(a, copy=True) for a in self.region.args]
+    def _fresh_args(self) -> list:
+        """Copies on the backend: a program may update an input in place (the KV cache), and
+        one set serves a whole check-then-time sequence."""
+        return [self.backend.input(np.array(a, copy=True)) for a in self.region.args]
 
     def _tune_kernels(self, executor: Executor, args) -> tuple[list[KernelConfig], float]:
         """Per kernel, the fastest configuration that computes what the default one computed
@@ -125,7 +126,8 @@ class Measurer:
         functions = self.backend.compile({n: src for n, (_, _, src) in pending.items()}) if pending else {}
         for name, (i, config, _) in pending.items():
             kernel = kernels[i]
-            expected = self.backend.to_host(executor.result(kernel.output.name, inputs, env)).copy()
+            expected = self.backend.to_host(executor.result(kernel.output.name, inputs, env),
+                                            kernel.output.dtype).copy()
             self._measure(kernel, executor, inputs, env, launch_args[i], functions[name], name,
                           config, options[i][0], expected)
         chosen, total = [], 0.0
@@ -145,7 +147,8 @@ class Measurer:
             self.backend.poison(executor.arrays[out_name], kernel.output.dtype)  # a kernel must write
         launch = self.backend.launcher(fn, kernel, config)
         launch(args, env)
-        bad = mismatch(self.backend.to_host(executor.result(out_name, inputs, env)), expected)
+        bad = mismatch(self.backend.to_host(executor.result(out_name, inputs, env), kernel.output.dtype),
+                       expected)
         if bad:
             self.db.record_kernel_failure(self.fingerprint, name, config.key(), symbols, bad[0], bad[1])
             return

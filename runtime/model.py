@@ -27,13 +27,15 @@ def make_backend(name: str):
         from .cpu import CpuBackend
         return CpuBackend()
     if name == "cuda":
-        raise KilnError("kiln: the cuda backend is not built yet in this version; use --backend cpu")
+        from .cuda import CudaBackend
+        return CudaBackend()
     raise KilnError(f"kiln: unknown backend '{name}'; use one of {', '.join(BACKENDS)}")
 
 
 def fingerprint(backend_name: str) -> dict:
-    from .hardware import fingerprint_cpu
-    return {"backend": backend_name, **fingerprint_cpu()}
+    from .hardware import fingerprint_cpu, fingerprint_cuda
+    info = {"backend": backend_name, **fingerprint_cpu()}
+    return {**info, **fingerprint_cuda()} if backend_name == "cuda" else info
 
 
 class CompiledModel:
@@ -63,29 +65,36 @@ class CompiledModel:
         graph = self.graphs["forward"]
         leaves = [a for a in pytree.tree_leaves(args) if isinstance(a, (torch.Tensor, np.ndarray))]
         torch_in = any(isinstance(a, torch.Tensor) for a in leaves)
-        outs = graph(*(to_numpy(a) if isinstance(a, torch.Tensor) else a for a in leaves))
+        outs = graph.host(*(to_numpy(a) if isinstance(a, torch.Tensor) else a for a in leaves))
         if torch_in:
             outs = [from_numpy(o) for o in outs]
         spec = graph.graph.out_spec
         return pytree.tree_unflatten(outs, spec) if spec is not None else outs
 
-    def _zero_caches(self) -> list[np.ndarray]:
+    def _zero_caches(self) -> list:
         shape, dtype = tuple(self.info["cache_shape"]), DType(self.info["cache_dtype"]).np
-        return [np.zeros(shape, dtype) for _ in range(2 * self.info["layers"])]
+        backend = self.graphs["decode"].backend
+        return [backend.input(np.zeros(shape, dtype)) for _ in range(2 * self.info["layers"])]
 
     def _prefill(self, ids: np.ndarray) -> np.ndarray:
         logits, self._caches = self._prefill_with_caches(ids)
         return logits
 
-    def _prefill_with_caches(self, ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    def _prefill_with_caches(self, ids: np.ndarray) -> tuple[np.ndarray, list]:
+        """Logits on the host; the caches stay where the backend keeps them."""
         if ids.ndim != 2 or ids.shape[0] != 1:
             raise KilnError(f"kiln: expected token ids of shape [1, T], got {list(ids.shape)}")
         if ids.shape[1] == 1:   # torch.export fixes prefill lengths at 2 and up: decode on an empty cache
             caches = self._zero_caches()
-            logits, *_ = self.graphs["decode"](ids, np.array(0, dtype=np.int64), *caches)
-            return logits, caches
-        logits, *caches = self.graphs["prefill"](ids)
-        return logits, [np.require(c, requirements="CW") for c in caches]
+            return self._decode(ids, 0, caches), caches
+        graph = self.graphs["prefill"]
+        logits, *caches = graph(ids)
+        return graph.backend.to_host(logits, graph.graph.outputs[0].dtype), caches
+
+    def _decode(self, ids: np.ndarray, pos: int, caches: list) -> np.ndarray:
+        graph = self.graphs["decode"]
+        logits, *_ = graph(ids, np.array(pos, dtype=np.int64), *caches)
+        return graph.backend.to_host(logits, graph.graph.outputs[0].dtype)
 
     def generate(self, input_ids, max_new_tokens: int = 32, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
@@ -108,9 +117,7 @@ class CompiledModel:
             return logits
 
         def decode(token: int, pos: int) -> np.ndarray:
-            logits, *_ = self.graphs["decode"](np.array([[token]], dtype=np.int64),
-                                               np.array(pos, dtype=np.int64), *caches)
-            return logits
+            return self._decode(np.array([[token]], dtype=np.int64), pos, caches)
 
         new = generate_tokens(prefill, decode, ids, max_new_tokens,
                               vocab_size=self.info["vocab_size"], max_seq=self.info["max_seq"],

@@ -49,13 +49,15 @@ def step_chart(series: list[Series], title: str, x_label: str, y_label: str,
     if not pts:
         return _empty(title, width, "no valid candidate yet")
     xt = ticks(0.0, max(x for x, _ in pts))
-    yt = ticks(0.0, max(y for _, y in pts))
+    lo, hi = min(y for _, y in pts), max(y for _, y in pts)
+    # from 0 unless the values sit high above it; then the axis is cut, its labels say where
+    yt = ticks(0.0 if lo < 0.5 * hi else lo - 0.15 * (hi - lo or hi), hi)
 
     def sx(x: float) -> float:
         return left + (width - left - right) * x / xt[-1]
 
     def sy(y: float) -> float:
-        return height - bottom - (height - top - bottom) * y / yt[-1]
+        return height - bottom - (height - top - bottom) * (y - yt[0]) / (yt[-1] - yt[0])
 
     out = [_open(width, height, title),
            f'<text x="{left}" y="14" font-weight="bold">{escape(title)}</text>']

@@ -1,0 +1,308 @@
+"""Kernel IR -> CUDA C (NVRTC through CuPy, or nvcc for a compile check).
+
+The output loops become one grid-stride loop over output points; `group` threads share a point
+and split its reduction (warp shuffles, then shared memory past 32 threads), with `vector`
+consecutive elements per thread and step so that contiguous rows are read with 16-byte loads.
+Subexpressions are hoisted exactly as on the CPU (the C emitter's scalar body); f16/bf16 are
+stored as bits and computed in f32."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.dtypes import DType, accumulator
+from ..ir.ops import Op
+from ..ir.symbolic import Expr, sym
+from .c_emit import COMPUTE, LOWEST, STORAGE, _Body, free_vars, index_code, store_code
+from .index import substitute
+from .kernel import Kernel, Load, Reduce, Scalar
+
+PRELUDE = r"""
+#ifdef __CUDACC_RTC__
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef unsigned short uint16_t;
+#define INT64_C(x) (x##LL)
+#define INT64_MIN (-9223372036854775807LL - 1)
+#define INT32_MIN (-2147483647 - 1)
+#define INFINITY __int_as_float(0x7f800000)
+#define NAN __int_as_float(0x7fffffff)
+#else
+#include <stdint.h>
+#include <math.h>
+#endif
+__device__ __forceinline__ int64_t kiln_min(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t kiln_max(int64_t a, int64_t b) { return a > b ? a : b; }
+__device__ __forceinline__ int64_t kiln_floordiv(int64_t a, int64_t b) {
+  return a / b - (a % b != 0 && (a < 0) != (b < 0));
+}
+__device__ __forceinline__ int64_t kiln_mod(int64_t a, int64_t b) {
+  int64_t r = a % b;
+  return r != 0 && (r < 0) != (b < 0) ? r + b : r;
+}
+__device__ __forceinline__ float kiln_bf16_load(uint16_t h) { return __int_as_float(((unsigned)h) << 16); }
+__device__ __forceinline__ uint16_t kiln_bf16_store(float f) {
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float kiln_f16_load(uint16_t h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ uint16_t kiln_f16_store(float f) {
+  uint16_t h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+__device__ __forceinline__ float kiln_bf16_round(float f) { return kiln_bf16_load(kiln_bf16_store(f)); }
+__device__ __forceinline__ float kiln_f16_round(float f) { return kiln_f16_load(kiln_f16_store(f)); }
+"""
+
+# 16 bytes at a time: how a vector of each storage type is read and unpacked into floats
+_VECTOR = {(dtype, width): f"kiln_{dtype.value}x{width}"
+           for dtype in (DType.BF16, DType.F16, DType.F32) for width in (4, 8)}
+PRELUDE += r"""
+__device__ __forceinline__ void kiln_bf16x8(float* v, const uint16_t* p) {
+  uint4 r = *(const uint4*)p; unsigned w[4] = {r.x, r.y, r.z, r.w};
+  #pragma unroll
+  for (int i = 0; i < 4; i++) { v[2*i] = __int_as_float(w[i] << 16); v[2*i+1] = __int_as_float(w[i] & 0xffff0000u); }
+}
+__device__ __forceinline__ void kiln_f16x8(float* v, const uint16_t* p) {
+  uint4 r = *(const uint4*)p; unsigned w[4] = {r.x, r.y, r.z, r.w};
+  #pragma unroll
+  for (int i = 0; i < 4; i++) { v[2*i] = kiln_f16_load((uint16_t)(w[i] & 0xffffu)); v[2*i+1] = kiln_f16_load((uint16_t)(w[i] >> 16)); }
+}
+__device__ __forceinline__ void kiln_bf16x4(float* v, const uint16_t* p) {
+  uint2 r = *(const uint2*)p;
+  v[0] = __int_as_float(r.x << 16); v[1] = __int_as_float(r.x & 0xffff0000u);
+  v[2] = __int_as_float(r.y << 16); v[3] = __int_as_float(r.y & 0xffff0000u);
+}
+__device__ __forceinline__ void kiln_f16x4(float* v, const uint16_t* p) {
+  uint2 r = *(const uint2*)p;
+  v[0] = kiln_f16_load((uint16_t)(r.x & 0xffffu)); v[1] = kiln_f16_load((uint16_t)(r.x >> 16));
+  v[2] = kiln_f16_load((uint16_t)(r.y & 0xffffu)); v[3] = kiln_f16_load((uint16_t)(r.y >> 16));
+}
+__device__ __forceinline__ void kiln_f32x4(float* v, const float* p) {
+  float4 r = *(const float4*)p; v[0] = r.x; v[1] = r.y; v[2] = r.z; v[3] = r.w;
+}
+__device__ __forceinline__ void kiln_f32x8(float* v, const float* p) {
+  kiln_f32x4(v, p); kiln_f32x4(v + 4, p + 4);
+}
+"""
+
+
+@dataclass(frozen=True)
+class CudaConfig:
+    """`block` threads per block; `group` threads per output point (1, a power of two up to a
+    warp, or the whole block); `vector` elements each thread reads per step of its reduction."""
+    block: int = 256
+    group: int = 1
+    vector: int = 1
+
+    def key(self) -> str:
+        return f"block{self.block}-group{self.group}-vector{self.vector}"
+
+    def to_json(self) -> dict:
+        return {"block": self.block, "group": self.group, "vector": self.vector}
+
+    @staticmethod
+    def from_json(data: dict) -> CudaConfig:
+        return CudaConfig(int(data["block"]), int(data["group"]), int(data["vector"]))
+
+
+def top_reduce(kernel: Kernel) -> Reduce | None:
+    """The reduction a group of threads can share: one whose value depends on no reduction
+    variable of another (it sits at the output point's level)."""
+    found = []
+
+    def walk(s: Scalar, inside: bool) -> None:
+        if isinstance(s, Reduce):
+            if not inside:
+                found.append(s)
+            walk(s.body, True)
+            return
+        for c in s.children():
+            walk(c, inside)
+    walk(kernel.value, False)
+    return found[0] if len(found) == 1 else None
+
+
+def vector_width(kernel: Kernel, reduce: Reduce) -> int:
+    """The widest vector (8 or 4 elements) that every contiguous load of the reduction can read
+    in one aligned access; 1 when none can."""
+    loads = [l for l in _loads(reduce.body) if _stride(l.index, reduce.var) == 1]
+    if not loads or not reduce.extent.is_const or any((l.dtype, 4) not in _VECTOR for l in loads):
+        return 1
+    for width in (8, 4):
+        if reduce.extent.value % width == 0 and all(_aligned(l.index, reduce.var, width) for l in loads):
+            return width
+    return 1
+
+
+def config_space(kernel: Kernel) -> list[CudaConfig]:
+    reduce = top_reduce(kernel)
+    if reduce is None:
+        return [CudaConfig(256, 1, 1), CudaConfig(128, 1, 1), CudaConfig(512, 1, 1)]
+    width = vector_width(kernel, reduce)
+    space = [CudaConfig(256, 32, width), CudaConfig(256, 1, 1), CudaConfig(128, 32, width),
+             CudaConfig(256, 256, width), CudaConfig(512, 512, width), CudaConfig(256, 8, 1)]
+    if width > 1:
+        space += [CudaConfig(256, 32, 1), CudaConfig(256, 256, 1)]
+    return list(dict.fromkeys(space))
+
+
+def _loads(s: Scalar) -> list[Load]:
+    out, stack, seen = [], [s], set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, Load):
+            out.append(x)
+        stack.extend(x.children())
+    return out
+
+
+def _stride(index: Expr, var: str) -> int | None:
+    """The coefficient of var in index when it appears only linearly; None otherwise."""
+    coeff = 0
+    for mono, c in index.terms:
+        if mono == (var,):
+            coeff += c
+        elif any(a == var if isinstance(a, str) else var in a.symbols() for a in mono):
+            return None
+    return coeff
+
+
+def _aligned(index: Expr, var: str, width: int) -> bool:
+    return all(c % width == 0 for mono, c in index.terms if mono != (var,))
+
+
+class _CudaBody(_Body):
+    def __init__(self, kernel: Kernel, config: CudaConfig):
+        super().__init__([("kiln_point", Expr.of(1))], config)
+        self.level.update({v: 1 for v, _ in kernel.loops})
+        self.cooperative = top_reduce(kernel) if config.group > 1 else None
+        self.vectors: dict[Load, tuple[str, int]] = {}   # a load read as one lane of a vector
+        self.shared: list[str] = []
+
+    def emit(self, s: Scalar):
+        if isinstance(s, Load) and s in self.vectors:
+            return self.vectors[s]
+        return super().emit(s)
+
+    def loop_pragmas(self, s: Reduce, acc: str) -> list[str]:
+        return ["#pragma unroll 4"]
+
+    def reduce(self, s: Reduce):
+        if s is not self.cooperative:
+            return super().reduce(s)
+        config = self.config
+        level = self.level_of(free_vars(s, self.vars_memo))
+        base_level, inner_level = level + 1, level + 2
+        saved = {k: self.blocks.get(k) for k in (base_level, inner_level)}
+        saved_memo = dict(self.memo)
+        outer, inner = [], []
+        self.blocks[base_level], self.blocks[inner_level] = outer, inner
+        self.level[s.var] = inner_level
+        width = config.vector
+        if width > 1:   # 16-byte loads of the contiguous rows, once per step
+            for load in _loads(s.body):
+                if _stride(load.index, s.var) != 1:
+                    continue
+                self.count += 1
+                name = f"kv{self.count}"
+                at = index_code(substitute(load.index, {s.var: sym("kiln_base")}))
+                outer.append(f"float {name}[{width}]; {_VECTOR[(load.dtype, width)]}({name}, {load.buffer} + {at});")
+                self.vectors[load] = (f"{name}[kiln_v]", inner_level)
+        value, _ = self.emit(s.body)
+        for k, block in saved.items():
+            self.blocks[k] = block if block is not None else []
+        self.memo = {k: v for k, v in self.memo.items() if k in saved_memo or v[1] <= level}
+        self.count += 1
+        acc = f"acc{self.count}"
+        acc_type = COMPUTE[accumulator(s.dtype)] if s.op is Op.SUM_REDUCE else COMPUTE[s.body.dtype]
+        if s.op is Op.SUM_REDUCE:
+            init, combine = "0", "{a} + {b}"
+        else:
+            init = LOWEST.get(s.dtype, "-INFINITY")
+            combine = "(({b}) > ({a}) || ({b}) != ({b})) ? ({b}) : ({a})"
+        update = f"{acc} = {combine.format(a=acc, b=f'({acc_type}){value}')};"
+        extent, group = index_code(s.extent), config.group
+        block = self.blocks[level]
+        block.append(f"{acc_type} {acc} = {init};")
+        if width > 1:
+            block.append(f"for (int64_t kiln_base = kiln_lane * {width}; kiln_base < {extent}; "
+                         f"kiln_base += {group * width}) {{")
+            block.extend("  " + line for line in outer)
+            block.append("  #pragma unroll")
+            block.append(f"  for (int kiln_v = 0; kiln_v < {width}; kiln_v++) {{")
+            block.append(f"    const int64_t {s.var} = kiln_base + kiln_v; (void){s.var};")
+            block.extend("    " + line for line in inner)
+            block.append(f"    {update}")
+            block.append("  }")
+            block.append("}")
+        else:
+            block.append(f"for (int64_t {s.var} = kiln_lane; {s.var} < {extent}; {s.var} += {group}) {{")
+            block.extend("  " + line for line in outer + inner)
+            block.append(f"  {update}")
+            block.append("}")
+        for offset in _halvings(min(group, 32)):
+            other = f"__shfl_xor_sync(0xffffffffu, {acc}, {offset})"
+            block.append(f"{acc} = {combine.format(a=acc, b=other)};")
+        if group > 32:   # one value per warp through shared memory, then every thread combines them
+            shared = f"kiln_shared{self.count}"
+            self.shared.append(f"__shared__ {acc_type} {shared}[{group // 32}];")
+            block.append(f"if ((threadIdx.x & 31) == 0) {shared}[kiln_lane >> 5] = {acc};")
+            block.append("__syncthreads();")
+            block.append(f"{acc} = {shared}[0];")
+            block.append(f"for (int kiln_w = 1; kiln_w < {group // 32}; kiln_w++) "
+                         f"{acc} = {combine.format(a=acc, b=f'{shared}[kiln_w]')};")
+            block.append("__syncthreads();")
+        return self.temp(f"({COMPUTE[s.dtype]}){acc}", s.dtype, level), level
+
+
+def _halvings(n: int) -> list[int]:
+    out, k = [], n // 2
+    while k >= 1:
+        out.append(k)
+        k //= 2
+    return out
+
+
+def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
+    """One `extern "C" __global__` function; launch it with `config.block` threads per block."""
+    if config.group > 1 and top_reduce(kernel) is None:
+        raise ValueError(f"config {config.key()} needs a kernel with one shared reduction")
+    if config.group > 32 and config.group != config.block:
+        raise ValueError("a group wider than a warp must be the whole block")
+    body = _CudaBody(kernel, config)
+    value, _ = body.emit(kernel.value)
+    body.blocks[1].append(f"if (kiln_lane == 0) {kernel.output.name}[{index_code(kernel.store)}] = "
+                          f"{store_code(value, kernel.output.dtype)};")
+    params = [f"{STORAGE[kernel.output.dtype]}* __restrict__ {kernel.output.name}"]
+    params += [f"const {STORAGE[b.dtype]}* __restrict__ {b.name}" for b in kernel.inputs]
+    params.append("const int64_t* __restrict__ kiln_sym")
+    group = config.group
+    lines = [f'extern "C" __global__ void __launch_bounds__({config.block}) {name}({", ".join(params)}) {{']
+    lines += [f"  const int64_t {s} = kiln_sym[{i}];" for i, s in enumerate(kernel.symbols)]
+    lines += ["  " + line for line in body.shared]
+    lines.append(f"  const int kiln_lane = threadIdx.x % {group};")
+    lines += ["  " + line for line in body.blocks[0]]
+    total = " * ".join(f"({index_code(e)})" for _, e in kernel.loops) or "INT64_C(1)"
+    lines.append(f"  const int64_t kiln_points = {total};")
+    lines.append(f"  for (int64_t kiln_point = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / {group}; "
+                 f"kiln_point < kiln_points; kiln_point += (int64_t)gridDim.x * blockDim.x / {group}) {{")
+    rest = "kiln_point"
+    for k, (var, extent) in reversed(list(enumerate(kernel.loops))):
+        e = index_code(extent)
+        if k == 0:
+            lines.append(f"    const int64_t {var} = {rest};")
+        else:
+            lines.append(f"    const int64_t {var} = {rest} % {e};")
+            lines.append(f"    const int64_t kiln_rest{k} = {rest} / {e};")
+            rest = f"kiln_rest{k}"
+    lines += ["    " + line for line in body.blocks[1]]
+    lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

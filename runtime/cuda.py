@@ -1,0 +1,151 @@
+"""The CUDA backend: kernels rendered to CUDA C, compiled by NVRTC through CuPy (its kernel cache
+keeps them on disk), launched on CuPy device memory, timed with CUDA events. f16 and bf16
+tensors live on the device as their 16-bit patterns."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda
+from ..codegen.kernel import Kernel, source_hash
+from ..ir.dtypes import DType
+from ..ir.errors import CompileError, KilnError
+
+_MAX_BLOCKS = 65535 * 8      # the grid-stride loop covers the rest
+
+
+def cupy_or_error():
+    try:
+        import cupy
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as err:   # no package, no driver, no device: all mean "no CUDA here"
+        raise KilnError(f"kiln: the cuda backend needs CuPy and an NVIDIA GPU ({type(err).__name__}: "
+                        f"{err}); install tensorkiln[cuda] on a GPU machine, or use --backend cpu") from None
+    return cupy
+
+
+def storage(dtype: DType) -> np.dtype:
+    """How a tensor of dtype is held on the device (CuPy has no bfloat16)."""
+    return np.dtype(np.uint16) if dtype is DType.BF16 else dtype.np
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self):
+        self.cp = cupy_or_error()
+        self._functions: dict[str, object] = {}
+
+    # --- compiling ----------------------------------------------------------------------------
+    @staticmethod
+    def render(kernel: Kernel, config: CudaConfig) -> tuple[str, str]:
+        draft = emit_cuda(kernel, config, "KERNEL")
+        name = f"k_{source_hash(draft)}"
+        return name, draft.replace(" KERNEL(", f" {name}(", 1)
+
+    @staticmethod
+    def config_space(kernel: Kernel) -> list[CudaConfig]:
+        return config_space(kernel)
+
+    @staticmethod
+    def default_config() -> CudaConfig:
+        return CudaConfig()
+
+    @staticmethod
+    def config_from_json(data: dict) -> CudaConfig:
+        return CudaConfig.from_json(data)
+
+    def compile(self, functions: dict[str, str]) -> dict[str, object]:
+        """One NVRTC module for all functions not compiled yet in this process."""
+        missing = {n: src for n, src in functions.items() if n not in self._functions}
+        if missing:
+            code = PRELUDE + "\n".join(missing[n] for n in sorted(missing))
+            try:
+                module = self.cp.RawModule(code=code, options=("--std=c++17",), name_expressions=None)
+                for name in missing:
+                    self._functions[name] = module.get_function(name)
+            except self.cp.cuda.compiler.CompileException as err:
+                raise CompileError(f"kiln: NVRTC failed on a generated kernel:\n{str(err)[-2000:]}") from None
+        return {n: self._functions[n] for n in functions}
+
+    # --- memory -------------------------------------------------------------------------------
+    def allocate(self, nbytes: int):
+        return self.cp.empty(max(nbytes, 1), dtype=self.cp.uint8)
+
+    def upload(self, array: np.ndarray):
+        array = np.asarray(array, order="C")
+        if array.dtype == DType.BF16.np:
+            array = array.view(np.uint16)
+        return self.cp.asarray(array)
+
+    def input(self, array):
+        return array if isinstance(array, self.cp.ndarray) else self.upload(array)
+
+    def logical_dtype(self, array, expected: DType) -> np.dtype:
+        return expected.np if array.dtype == storage(expected) else array.dtype
+
+    def typed(self, buffer, dtype: DType):
+        return buffer.view(storage(dtype))
+
+    def to_host(self, array, dtype: DType) -> np.ndarray:
+        host = self.cp.asnumpy(array)
+        return host.view(DType.BF16.np) if dtype is DType.BF16 else host
+
+    @staticmethod
+    def arg(array):
+        return array
+
+    def symbol_buffer(self, count: int):
+        return self.cp.zeros(max(1, count), dtype=self.cp.int64)
+
+    def write_symbols(self, buffer, values: list[int]) -> None:
+        buffer[:len(values)] = self.cp.asarray(np.asarray(values, dtype=np.int64))
+
+    def poison(self, buffer, dtype: DType) -> None:
+        """NaN bit patterns for floats (bf16 0x7fc0, f16 0x7e00), all bits set otherwise."""
+        if dtype is DType.F32:
+            buffer.view(self.cp.float32)[:] = np.nan
+        elif dtype in (DType.BF16, DType.F16):
+            buffer.view(self.cp.uint16)[:] = 0x7FC0 if dtype is DType.BF16 else 0x7E00
+        else:
+            buffer[:] = 0xFF
+
+    # --- launching and timing -----------------------------------------------------------------
+    def launcher(self, fn, kernel: Kernel, config: CudaConfig):
+        extents = [e for _, e in kernel.loops]
+        fixed = all(e.is_const for e in extents)
+
+        def blocks(env) -> int:
+            points = 1
+            for e in extents:
+                points *= e.value if fixed else e.evaluate(env)
+            return max(1, min(_MAX_BLOCKS, -(-points * config.group // config.block)))
+        grid = (blocks({}),) if fixed else None
+        block = (config.block,)
+
+        def launch(args, env):
+            fn(grid or (blocks(env),), block, tuple(args))
+        return launch
+
+    def synchronize(self) -> None:
+        self.cp.cuda.get_current_stream().synchronize()
+
+    def time(self, fn, target_s: float, most: int) -> list[float]:
+        """Seconds per call from CUDA events around each call, after one warm-up call."""
+        cp = self.cp
+        fn()
+        times = []
+        while len(times) < 3 or (sum(times) < target_s and len(times) < most):
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
+        return times
+
+    def copy_bandwidth(self, nbytes: int = 1 << 30) -> float:
+        """Bytes per second (read plus written) of a device-to-device copy."""
+        src = self.cp.ones(nbytes // 4, self.cp.float32)
+        dst = self.cp.empty_like(src)
+        times = self.time(lambda: dst.__setitem__(slice(None), src), 0.05, 20)
+        return 2 * nbytes / sorted(times)[len(times) // 2]
