@@ -153,6 +153,48 @@ def bench_compiled(artifact: str, spec: str, tokens: int, prompt_len: int, json_
     run_compiled_bench(artifact, spec, tokens, prompt_len, json_path)
 
 
+@bench.command("gpu")
+@click.argument("model", default="llama-3.2-1b")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16",
+              show_default=True)
+@click.option("--tokens", default=128, show_default=True, type=click.IntRange(8, None),
+              help="Decode steps timed after warm-up.")
+@click.option("--budget", default="5m", show_default=True, help="Kiln's search budget.")
+@click.option("--max-seq", default=256, show_default=True, type=click.IntRange(16, None))
+@click.option("--torch-compile/--no-torch-compile", default=True, show_default=True,
+              help="Also time torch.compile(mode='max-autotune') (minutes of compile).")
+@click.option("--db", type=click.Path(dir_okay=False), help="Tuning database.")
+@click.option("--lowered", "lowered_path", metavar="PATH",
+              help="Graphs saved by 'kiln lower' (where this torch cannot export the model).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here.")
+@_clean_errors
+def bench_gpu(model: str, dtype: str, tokens: int, budget: str, max_seq: int, torch_compile: bool,
+              db: str | None, lowered_path: str | None, json_path: str | None) -> None:
+    """Decode tokens/s of PyTorch eager, torch.compile and Kiln (CUDA) on one GPU, in one run."""
+    from .runtime.bench_gpu import run_gpu_bench
+    run_gpu_bench(model, dtype, tokens, budget, max_seq, torch_compile, json_path, db, lowered_path)
+
+
+@main.command("lower")
+@click.argument("model")
+@click.option("--out", required=True, metavar="PATH", help="Writes PATH.json and PATH.safetensors.")
+@click.option("--max-seq", default=256, show_default=True, type=click.IntRange(2, None))
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
+              show_default=True)
+@_clean_errors
+def lower_cmd(model: str, out: str, max_seq: int, dtype: str) -> None:
+    """Lower MODEL's prefill and decode graphs and save them (JSON, small weights in safetensors).
+
+    For a machine whose torch cannot export the model: compile there from these graphs, with
+    the large weights taken from its own copy of the model.
+    """
+    import torch
+    from .frontend import catalog, hf
+    lm = catalog.load(model).model.to(getattr(torch, dtype))
+    hf.save_lowered(hf.lower_causal_lm(lm, max_seq), out)
+    click.echo(f"wrote {out}.json and {out}.safetensors")
+
+
 @main.group()
 def rules() -> None:
     """Rewrite rules: what the library holds, whether a rule is sound, whether the search uses it."""
@@ -255,9 +297,11 @@ def rules_list(model: str | None) -> None:
 @click.option("--db", type=click.Path(dir_okay=False),
               help="Tuning database (default: $KILN_TUNING_DB or ~/.cache/kiln/tuning.sqlite).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the candidate draws and sample inputs.")
+@click.option("--report", "report", is_flag=True,
+              help="Also write the compile report (OUT/report.html, see 'kiln report').")
 @_clean_errors
 def compile(model: str, out: str, backend: str, budget: str, max_seq: int, dtype: str, resume: bool,
-            db: str | None, seed: int) -> None:
+            db: str | None, seed: int, report: bool) -> None:
     """Compile MODEL (a causal LM) for this machine and write an artifact folder.
 
     Every candidate program is checked against the reference interpreter and timed here; the
@@ -276,6 +320,9 @@ def compile(model: str, out: str, backend: str, budget: str, max_seq: int, dtype
     graphs = compiled.report["graphs"]
     kernels = ", ".join(f"{name} {g['kernels']} kernels" for name, g in graphs.items())
     click.echo(f"wrote {out}: {loaded.name}, {backend}, {kernels}")
+    if report:
+        from .runtime.report import write_report
+        click.echo(f"report: {write_report(out)}")
 
 
 @main.command()
@@ -327,6 +374,21 @@ def info(artifact: str) -> None:
             gain = p["first_valid_s"] / p["best_s"] if p["best_s"] else float("nan")
             click.echo(f"  {r['label']}: {p['tried']} candidates ({p['valid']} valid), best "
                        f"{r['end_to_end_s'] * 1e6:,.0f} us end to end, {gain:.2f}x over the first")
+
+
+@main.command()
+@click.argument("folder", type=click.Path())
+@click.option("--out", type=click.Path(dir_okay=False),
+              help="Where to write the page (default: FOLDER/report.html; for a compile in progress, "
+                   "FOLDER.report.html beside it).")
+@_clean_errors
+def report(folder: str, out: str | None) -> None:
+    """Write the compile report of FOLDER (an artifact, or the --out of a compile still running):
+    one self-contained HTML page with the search curves, the winner's kernels, e-graph growth,
+    rules fired, rejected candidates and the hardware. Prints the page's path."""
+    from pathlib import Path
+    from .runtime.report import write_report
+    click.echo(str(write_report(Path(folder), Path(out) if out else None)))
 
 
 if __name__ == "__main__":

@@ -92,8 +92,9 @@ __device__ __forceinline__ void kiln_f32x8(float* v, const float* p) {
 
 @dataclass(frozen=True)
 class CudaConfig:
-    """`block` threads per block; `group` threads per output point (1, a power of two up to a
-    warp, or the whole block); `vector` elements each thread reads per step of its reduction."""
+    """`block` threads per block; `group` threads per output point (1, a warp, or the whole
+    block: a group never splits a warp, whose shuffles need every lane); `vector` elements each
+    thread reads per step of its reduction."""
     block: int = 256
     group: int = 1
     vector: int = 1
@@ -144,7 +145,7 @@ def config_space(kernel: Kernel) -> list[CudaConfig]:
         return [CudaConfig(256, 1, 1), CudaConfig(128, 1, 1), CudaConfig(512, 1, 1)]
     width = vector_width(kernel, reduce)
     space = [CudaConfig(256, 32, width), CudaConfig(256, 1, 1), CudaConfig(128, 32, width),
-             CudaConfig(256, 256, width), CudaConfig(512, 512, width), CudaConfig(256, 8, 1)]
+             CudaConfig(256, 256, width), CudaConfig(512, 512, width)]
     if width > 1:
         space += [CudaConfig(256, 32, 1), CudaConfig(256, 256, 1)]
     return list(dict.fromkeys(space))
@@ -274,8 +275,8 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
     """One `extern "C" __global__` function; launch it with `config.block` threads per block."""
     if config.group > 1 and top_reduce(kernel) is None:
         raise ValueError(f"config {config.key()} needs a kernel with one shared reduction")
-    if config.group > 32 and config.group != config.block:
-        raise ValueError("a group wider than a warp must be the whole block")
+    if config.group not in (1, 32, config.block):
+        raise ValueError("a group is one thread, a warp, or the whole block")
     body = _CudaBody(kernel, config)
     value, _ = body.emit(kernel.value)
     body.blocks[1].append(f"if (kiln_lane == 0) {kernel.output.name}[{index_code(kernel.store)}] = "

@@ -163,7 +163,7 @@ def config_space(kernel: Kernel) -> list[KernelConfig]:
     for outer in range(max(1, loops)):
         for parallel in sorted({0, min(1, loops), min(2, loops)}):
             for simd in ((True, False) if reduces else (True,)):
-                for unroll in ((1, 4) if reduces else (1,)):
+                for unroll in ((1, 4) if reduces and not simd else (1,)):   # simd wins over unroll
                     c = KernelConfig(outer, parallel, simd, unroll)
                     if c not in space:
                         space.append(c)

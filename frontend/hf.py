@@ -11,6 +11,7 @@ positions, so transformers builds no mask of its own (and adds no packed-sequenc
 from __future__ import annotations
 
 import functools
+import os
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -272,3 +273,60 @@ def reference_generate(lm: LoweredLM, input_ids: list[int], max_new_tokens: int,
             return new
         logits, caches = decode_one(lm, np.array([[token]], dtype=np.int64), pos, caches)
         pos += 1
+
+
+# ---- lowered graphs on disk ----------------------------------------------------------------------
+
+SMALL_WEIGHT_BYTES = 1 << 20
+
+
+def save_lowered(lm: LoweredLM, path: str) -> None:
+    """The two graphs as JSON, plus the small weights (norms, rotary tables, lifted constants) in
+    safetensors beside it: a machine whose torch cannot export the model compiles from these,
+    taking the large weights from its own copy of the model (`load_lowered`)."""
+    import json
+    import safetensors.numpy
+    from ..ir.serialize import graph_to_json
+    small = {name: np.ascontiguousarray(w) for g in (lm.prefill, lm.decode)
+             for name, w in g.weights.items() if w.nbytes <= SMALL_WEIGHT_BYTES}
+    record = {"prefill": graph_to_json(lm.prefill), "decode": graph_to_json(lm.decode),
+              "cache": {"layers": lm.cache.layers, "kv_heads": lm.cache.kv_heads,
+                        "max_seq": lm.cache.max_seq, "head_dim": lm.cache.head_dim,
+                        "dtype": str(lm.cache.dtype).removeprefix("torch.")},
+              "vocab_size": lm.vocab_size}
+    with open(path + ".json.tmp", "w") as f:
+        json.dump(record, f)
+    safetensors.numpy.save_file(small, path + ".safetensors.tmp")
+    os.replace(path + ".json.tmp", path + ".json")
+    os.replace(path + ".safetensors.tmp", path + ".safetensors")
+
+
+def load_lowered(path: str, model: torch.nn.Module) -> LoweredLM:
+    """Graphs saved by `save_lowered`, with weights from `model` (same architecture and config)
+    where it has them by name, else the saved small ones."""
+    import json
+    from safetensors import safe_open
+    from ..ir.serialize import graph_from_json
+    with open(path + ".json") as f:
+        record = json.load(f)
+    with safe_open(path + ".safetensors", framework="np") as saved:
+        small = {name: saved.get_tensor(name) for name in saved.keys()}
+    c = record["cache"]
+    spec = CacheSpec(c["layers"], c["kv_heads"], c["max_seq"], c["head_dim"], getattr(torch, c["dtype"]))
+    tensors = {**{f"model.{k}": v for k, v in model.state_dict(keep_vars=False).items()},
+               **{f"model.{k}": v for k, v in model.named_buffers()}}
+    graphs = []
+    for which in ("prefill", "decode"):
+        graph = graph_from_json(record[which])
+        weights = {}
+        for node in graph.weight_nodes():
+            name = node.attrs["name"]
+            if name in tensors:
+                weights[name] = to_numpy(tensors[name], node.dtype)
+            elif name in small:
+                weights[name] = small[name]
+            else:
+                raise KilnError(f"kiln: {path}.json needs weight '{name}', which the model lacks")
+        graph.weights = weights
+        graphs.append(graph)
+    return LoweredLM(graphs[0], graphs[1], spec, int(record["vocab_size"]))

@@ -123,13 +123,16 @@ def _report_json(report: GraphReport, compiled: CompiledGraph) -> dict:
 def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | float = "10m",
                db: str | Path | None = None, out: str | Path | None = None, resume: bool = False,
                tokenizer=None, seed: int = 0, progress: bool = True,
-               max_candidates: int = 100_000) -> CompiledModel:
+               max_candidates: int = 100_000, lowered=None) -> CompiledModel:
     """Compile a transformers causal LM (batch 1, static KV cache of max_seq positions) into a
-    prefill program and a decode program, each searched and tuned on this machine."""
+    prefill program and a decode program, each searched and tuned on this machine. `lowered`:
+    graphs already lowered (`frontend.hf.load_lowered`), for a machine whose torch cannot export
+    the model."""
     from ..frontend import hf
     from ..frontend.lower import kiln_dtype
     seconds = budget if isinstance(budget, (int, float)) else parse_budget(budget)
-    lowered = hf.lower_causal_lm(model, max_seq)
+    lowered = lowered or hf.lower_causal_lm(model, max_seq)
+    max_seq = lowered.max_seq
     rng = np.random.default_rng(seed)
     tune_seq = max(2, min(TUNE_SEQ, max_seq - 1))
     prompt = rng.integers(0, lowered.vocab_size, size=(1, tune_seq), dtype=np.int64)

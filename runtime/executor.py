@@ -148,4 +148,6 @@ class Executor:
             return inputs[self.program.aliases.get(name, name)]
         shape = tuple(d.evaluate(env) for d in b.shape)
         count = int(np.prod(shape, dtype=np.int64))
-        return self.backend.typed(self.arrays[name], b.dtype)[:count].reshape(shape).copy()
+        # a slot can be larger than this buffer, by a size its dtype does not divide
+        raw = self.arrays[name][:count * b.dtype.itemsize]
+        return self.backend.typed(raw, b.dtype).reshape(shape).copy()

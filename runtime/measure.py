@@ -115,11 +115,13 @@ class Measurer:
         options, pending = [], {}
         for i, kernel in enumerate(kernels):
             symbols = {s: env[s] for s in kernel.symbols}
-            # past the deadline, only the default configuration (what the winner needs to run)
-            count = 1 if self.deadline is not None and self.deadline.expired else self.max_configs
-            rows = [(c, *self.backend.render(kernel, c)) for c in self.backend.config_space(kernel)[:count]]
+            rows = [(c, *self.backend.render(kernel, c))
+                    for c in self.backend.config_space(kernel)[:self.max_configs]]
             options.append((symbols, rows))
-            for c, name, src in rows:
+            # past the deadline only the default is measured (what the winner needs to run); the
+            # choice still takes any configuration measured before
+            expired = self.deadline is not None and self.deadline.expired
+            for c, name, src in rows[:1] if expired else rows:
                 if (self.db.kernel_time(self.fingerprint, name, c.key(), symbols) is None
                         and self.db.kernel_failure(self.fingerprint, name, c.key(), symbols) is None):
                     pending.setdefault(name, (i, c, src))

@@ -140,12 +140,18 @@ def _saturate_in_child(enc, stages, analysis, limits, reports) -> str | None:
     proc.start()
     child.close()
     last_dump = None
+    # a stage reports within its time limit plus one iteration; a child silent far past that is
+    # hung, and ends its stage like a crash
+    patience = limits.max_seconds * 2 + 30
     while True:
         try:
+            if not parent.poll(patience):
+                proc.kill()
+                raise EOFError
             kind, report, dumped = parent.recv()
         except EOFError:  # the child died mid-stage: an egglog abort or out of memory
             proc.join()
-            kind, report = "error", f"the e-graph process died (exit code {proc.exitcode})"
+            kind, report = "error", f"the e-graph process died or hung (exit code {proc.exitcode})"
         if kind == "stage":
             report.eclasses = _term_classes(dumped)
             reports.append(report)

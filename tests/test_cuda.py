@@ -1,0 +1,146 @@
+"""The CUDA backend. Without a GPU, every template's CUDA output is still compiled with nvcc
+(where nvcc is present) and checked against golden snapshots; with one, compiled programs are
+checked against the reference and PyTorch."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import kiln
+from kiln.codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda
+from kiln.codegen.schedule import schedule
+from kiln.frontend.hf import load_lowered, lower_causal_lm
+from tests.helpers import tiny_llama
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _gpu_reason() -> str | None:
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return None
+        return "CuPy finds no CUDA device"
+    except Exception as err:   # no package or no driver
+        return f"no usable CuPy/CUDA here ({type(err).__name__})"
+
+
+needs_gpu = pytest.mark.skipif(_gpu_reason() is not None, reason=f"needs a GPU: {_gpu_reason()}")
+
+
+def lowered(model, max_seq: int, tag: str):
+    """The model lowered here, or, where this torch cannot export it (the GPU machine's older
+    torch), the graphs `kiln lower` saved under $KILN_TEST_LOWERED/<tag> on a machine that can."""
+    try:
+        return lower_causal_lm(model, max_seq)
+    except kiln.ExportError as err:
+        saved = os.environ.get("KILN_TEST_LOWERED")
+        if not saved:
+            pytest.skip(f"this torch cannot export the model ({err}); set KILN_TEST_LOWERED")
+        return load_lowered(str(Path(saved) / tag), model)
+
+
+TINY_CASES = {"tiny1_bf16": (1, 0, torch.bfloat16, 16), "tiny2_f32": (2, 3, torch.float32, 48),
+              "tiny2_bf16": (2, 4, torch.bfloat16, 32)}
+
+
+def tiny_case(tag: str):
+    layers, seed, dtype, max_seq = TINY_CASES[tag]
+    model = tiny_llama(layers, seed=seed).to(dtype)
+    return model, lowered(model, max_seq, tag)
+
+
+@pytest.fixture(scope="module")
+def tiny_kernels():
+    """Every kernel of a tiny bf16 Llama's decode and prefill programs."""
+    _, lm = tiny_case("tiny1_bf16")
+    return [k for g in (lm.decode, lm.prefill) for k in schedule(g).kernels]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
+def test_every_template_configuration_compiles_with_nvcc(tiny_kernels, tmp_path):
+    sources = [emit_cuda(k, c, f"k{i}_{j}") for i, k in enumerate(tiny_kernels)
+               for j, c in enumerate(config_space(k))]
+    assert len(sources) > len(tiny_kernels)          # several configurations per kernel
+    unit = tmp_path / "all.cu"
+    unit.write_text(PRELUDE + "\n".join(sources))
+    result = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", str(unit), "-o", str(tmp_path / "all.ptx")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ptx = (tmp_path / "all.ptx").read_text()
+    assert "ld.global.v4" in ptx or "ld.global.nc.v4" in ptx     # the 16-byte vector loads are there
+
+
+def _golden_cases(kernels):
+    """A GEMV-like reduction (the widest kernel with a reduction) and an elementwise kernel."""
+    from kiln.codegen.cuda_emit import top_reduce
+    reducing = [k for k in kernels if top_reduce(k) is not None]
+    gemv = max(reducing, key=lambda k: k.reduce_extent.value if k.reduce_extent is not None
+               and k.reduce_extent.is_const else 0)
+    elementwise = next(k for k in kernels if top_reduce(k) is None and len(k.loops) >= 2)
+    return {"gemv_warp_vector": (gemv, CudaConfig(256, 32, config_space(gemv)[0].vector)),
+            "gemv_block": (gemv, CudaConfig(256, 256, 1)),
+            "elementwise": (elementwise, CudaConfig(256, 1, 1))}
+
+
+def test_rendered_kernels_match_golden_snapshots(tiny_kernels):
+    """A change to what the emitter writes must be deliberate: KILN_UPDATE_GOLDEN=1 rewrites the
+    snapshots, and the diff goes into the commit."""
+    for name, (kernel, config) in _golden_cases(tiny_kernels).items():
+        rendered = emit_cuda(kernel, config, name)
+        path = GOLDEN / f"{name}.cu"
+        if os.environ.get("KILN_UPDATE_GOLDEN"):
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(rendered)
+        assert path.exists(), f"no snapshot {path}; run with KILN_UPDATE_GOLDEN=1"
+        assert rendered == path.read_text(), f"{name} differs from its snapshot {path}"
+
+
+def test_cuda_backend_without_a_gpu_says_so():
+    if _gpu_reason() is None:
+        pytest.skip("this machine has a GPU")
+    from kiln.runtime.model import make_backend
+    with pytest.raises(kiln.KilnError, match="cuda backend needs CuPy and an NVIDIA GPU"):
+        make_backend("cuda")
+
+
+@needs_gpu
+def test_fp32_greedy_tokens_equal_pytorch_on_the_gpu(tmp_path):
+    model, lm = tiny_case("tiny2_f32")
+    compiled = kiln.compile_lm(model, max_seq=48, backend="cuda", budget="20s",
+                               db=tmp_path / "tune.sqlite", progress=False, lowered=lm)
+    rng = np.random.default_rng(1)
+    for length in (1, 5):
+        ids = rng.integers(0, 64, length).tolist()
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            want = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=32,
+                                  do_sample=False)[0].tolist()
+        assert compiled.generate(ids, max_new_tokens=32) == want
+
+
+@needs_gpu
+def test_bf16_logits_within_2e_2_of_pytorch(tmp_path):
+    model, lm = tiny_case("tiny2_bf16")
+    compiled = kiln.compile_lm(model, max_seq=32, backend="cuda", budget="20s",
+                               db=tmp_path / "tune.sqlite", progress=False, lowered=lm)
+    ids = torch.tensor([[3, 14, 15, 9, 26, 5]])
+    with torch.no_grad():
+        want = model.cuda()(input_ids=ids.cuda(), attention_mask=torch.ones_like(ids).cuda()).logits
+    got = compiled(ids).float().numpy()
+    want = want.float().cpu().numpy()
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-2
+
+
+def save_tiny_cases(folder: str) -> None:
+    """What the GPU machine's KILN_TEST_LOWERED points at (scripts/gpu_check.sh)."""
+    from kiln.frontend.hf import save_lowered
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for tag, (layers, seed, dtype, max_seq) in TINY_CASES.items():
+        save_lowered(lower_causal_lm(tiny_llama(layers, seed=seed).to(dtype), max_seq), str(Path(folder) / tag))
