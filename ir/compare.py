@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
-RTOL = 1e-4
+import ml_dtypes
+
+# relative to the output's scale: f32 reassociation; bf16 and f16 results rounded from differently
+# ordered f32 sums differ by an ulp or two, and errors compound through a layer
+RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float16): 4e-3, np.dtype(ml_dtypes.bfloat16): 2e-2}
 
 
-def mismatch(got: np.ndarray, want: np.ndarray) -> tuple[str, str] | None:
+def tolerance(dtypes) -> float:
+    """The relative tolerance for values computed through these dtypes: the loosest of them (an
+    f32 result of a bf16 computation carries bf16's error)."""
+    return max((RTOL.get(np.dtype(d), 1e-4) for d in dtypes), default=1e-4)
+
+
+def mismatch(got: np.ndarray, want: np.ndarray, rtol: float | None = None) -> tuple[str, str] | None:
     """None when got agrees with want; else (reason, detail) with reason "nan" (a NaN or inf
-    where the reference is finite) or "wrong"."""
+    where the reference is finite) or "wrong". `rtol` defaults to want's dtype's."""
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
         return "wrong", f"shape {got.shape}, expected {want.shape}"
@@ -17,12 +27,13 @@ def mismatch(got: np.ndarray, want: np.ndarray) -> tuple[str, str] | None:
         if np.array_equal(got, want):
             return None
         return "wrong", f"{int((got != want).sum())} of {want.size} elements differ"
+    rtol = rtol if rtol is not None else RTOL.get(want.dtype, 1e-4)
     got, want = got.astype(np.float64), want.astype(np.float64)
     finite = np.isfinite(want)
     if (~np.isfinite(got) & finite).any():
         return "nan", f"{int((~np.isfinite(got) & finite).sum())} non-finite values where the reference is finite"
     scale = float(np.abs(want[finite]).max()) if finite.any() else 1.0
-    if np.allclose(got, want, rtol=RTOL, atol=RTOL * scale, equal_nan=True):
+    if np.allclose(got, want, rtol=rtol, atol=rtol * scale, equal_nan=True):
         return None
     err = float(np.nanmax(np.abs(got - want)[finite])) if finite.any() else float("nan")
     return "wrong", f"max abs error {err:.3g} at output scale {scale:.3g}"

@@ -11,7 +11,7 @@ import numpy as np
 from ..codegen.kernel import Kernel, KernelConfig, arithmetic_ops, traffic_bytes
 from ..codegen.schedule import FusionPolicy, Program, schedule
 from ..ir import Graph, Node
-from ..ir.compare import mismatch
+from ..ir.compare import mismatch, tolerance
 from ..ir.errors import CompileError
 from ..search.budget import Deadline
 from ..search.tuner import Outcome
@@ -44,6 +44,9 @@ class Measurer:
                  deadline: Deadline | None = None):
         self.backend, self.db, self.fingerprint = backend, db, fingerprint
         self.region, self.max_configs, self.deadline = region, max_configs, deadline
+        # a bf16 model's f32 intermediates carry bf16's error: check everything at its tolerance
+        self.rtol = tolerance([n.dtype.np for n in region.inputs] +
+                              [w.dtype for w in region.weights.values()])
         self.kernels_measured = 0
 
     # --- the tuner's callables ----------------------------------------------------------------
@@ -58,7 +61,7 @@ class Measurer:
         args = self._fresh_args()
         got = executor.host_outputs(*args)
         for k, (g, w) in enumerate(zip(got, self.region.want)):
-            bad = mismatch(g, w)
+            bad = mismatch(g, w, self.rtol)
             if bad:
                 return Outcome(bad[0], None, f"output {k}: {bad[1]}")
         configs, estimate = self._tune_kernels(executor, args)
@@ -150,7 +153,7 @@ class Measurer:
         launch = self.backend.launcher(fn, kernel, config)
         launch(args, env)
         bad = mismatch(self.backend.to_host(executor.result(out_name, inputs, env), kernel.output.dtype),
-                       expected)
+                       expected, self.rtol)
         if bad:
             self.db.record_kernel_failure(self.fingerprint, name, config.key(), symbols, bad[0], bad[1])
             return
