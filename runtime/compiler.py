@@ -23,6 +23,7 @@ from ..search.tuner import Progress, RegionTuner
 from ..search.tunedb import TuneDB
 from .executor import Executor
 from .measure import POLICIES, Measurer, Region
+from .worker import IsolatedEvaluate
 
 
 @dataclass
@@ -55,6 +56,7 @@ class RegionReport:
 class GraphReport:
     regions: list[RegionReport] = field(default_factory=list)
     kernels_measured: int = 0
+    worker_restarts: int = 0      # workers lost to a crashing or hanging candidate
     seconds: float = 0.0
 
 
@@ -71,6 +73,7 @@ class CompiledGraph:
 
     def __init__(self, graph: Graph, choices: dict[str, Choice], backend):
         self.graph, self.choices, self.backend = graph, choices, backend
+        self._recording = None
         self.regions = regionlib.split(graph)
         self.executors = []
         first: dict[str, Executor] = {}     # identical regions share a program and its kernels
@@ -82,6 +85,19 @@ class CompiledGraph:
             executor = Executor(sub, program, choice.configs, backend, like=like)
             first.setdefault(region.key, executor)
             self.executors.append(executor)
+
+    @classmethod
+    def untuned(cls, graph: Graph, backend) -> CompiledGraph:
+        """Every region as lowered, with the first fusion policy and default configurations: no
+        search (diagnostics, and tests of the machinery around the kernels)."""
+        variant = next(iter(POLICIES))
+        choices = {}
+        for region in regionlib.split(graph):
+            if region.key not in choices:
+                program = schedule(region_graph(graph, region, region.outputs), POLICIES[variant])
+                choices[region.key] = Choice(region.outputs, variant,
+                                             [backend.default_config()] * len(program.kernels))
+        return cls(graph, choices, backend)
 
     @property
     def sources(self) -> dict[str, str]:
@@ -96,16 +112,52 @@ class CompiledGraph:
         return sum(ex.plan.peak_bytes for ex in self.executors)
 
     def __call__(self, *args) -> list:
-        """Outputs as the backend's arrays (numpy on the CPU); inputs numpy or the backend's."""
-        args = [self.backend.input(a) for a in args]
+        """Outputs as the backend's arrays (numpy on the CPU); inputs numpy or the backend's.
+        Where the backend records launches (CUDA graphs) and every input size is fixed (decode),
+        a call replays the recording."""
+        if self._replayable:
+            return self._replay(args)
+        return self._run([self.backend.input(a) for a in args], copy=True)
+
+    @property
+    def _replayable(self) -> bool:
+        """A recording holds while no symbol changes: every input size fixed, no symbol a kernel
+        reads (writing one would copy from the host inside the recording)."""
+        return (hasattr(self.backend, "capture") and
+                all(d.is_const for n in self.graph.inputs for d in n.shape) and
+                not any(k.symbols for ex in self.executors for k in ex.program.kernels))
+
+    def _run(self, args: list, copy: bool) -> list:
         dtypes = [self.backend.logical_dtype(a, n.dtype) for a, n in zip(args, self.graph.inputs)]
         self.graph.bind_symbols([tuple(a.shape) for a in args], dtypes)
         values: dict[int, object] = {id(n): a for n, a in zip(self.graph.inputs, args)}
         for region, executor in zip(self.regions, self.executors):
             feeds = [values[id(f)] for i, f in zip(region.inputs, region.feeds) if not is_weight(i)]
-            for node, value in zip(region.produces, executor(*feeds)):
+            # between regions, outputs stay in the producing executor's memory (it runs once a call)
+            for node, value in zip(region.produces, executor(*feeds, copy=copy)):
                 values[id(node)] = value
         return [values[id(o)] for o in self.graph.outputs]
+
+    def _replay(self, args) -> list:
+        """Host inputs (token ids, positions) are copied into fixed device buffers; device inputs
+        (the KV cache) are used where they are, so a recording holds for as long as the caller
+        passes the same device arrays."""
+        b = self.backend
+        key = tuple(b.address(a) if b.is_device(a) else (np.shape(a), np.asarray(a).dtype.str) for a in args)
+        if self._recording is None or self._recording[0] != key:
+            self._recording = None      # free the old recording's buffers first
+            staged = [a if b.is_device(a) else b.input(np.asarray(a)) for a in args]
+            self._run(staged, copy=False)     # loads every kernel; checks inputs outside the recording
+            outputs: list = []
+            replay = b.capture(lambda: outputs.extend(self._run(staged, copy=False)))
+            self._recording = (key, staged, outputs, replay)
+        _, staged, outputs, replay = self._recording
+        for buffer, a in zip(staged, args):
+            if buffer is not a:
+                b.write(buffer, np.asarray(a))
+        replay()
+        passed = {id(a) for a in staged}
+        return [o if id(o) in passed else o.copy() for o in outputs]
 
     def host(self, *args) -> list[np.ndarray]:
         return [self.backend.to_host(out, node.dtype) for out, node in zip(self(*args), self.graph.outputs)]
@@ -113,11 +165,12 @@ class CompiledGraph:
 
 def compile_graph(graph: Graph, backend, args: list[np.ndarray], seconds: float, db: TuneDB,
                   fingerprint: str, compile_id: str | None = None, seed: int = 0,
-                  max_candidates: int = 100_000,
+                  max_candidates: int = 100_000, isolate: bool = True,
                   on_progress: Callable[[Progress, float], None] = lambda p, left: None,
                   ) -> tuple[CompiledGraph, GraphReport]:
     """Search every distinct region of `graph` within `seconds` in all; `args` are call inputs
-    whose reference run supplies each region's inputs (real activations)."""
+    whose reference run supplies each region's inputs (real activations). `isolate`: measure
+    candidates in a worker process (runtime/worker.py), so a crashing kernel costs only itself."""
     start = time.monotonic()
     compile_id = compile_id or uuid.uuid4().hex
     parts = regionlib.split(graph)
@@ -140,14 +193,22 @@ def compile_graph(graph: Graph, backend, args: list[np.ndarray], seconds: float,
         region = Region(inputs, sub.weights, dict(graph.symbols), [feeds[i] for i in inputs],
                         evaluate(rep.outputs, feeds, env))
         measurer = Measurer(backend, db, fingerprint, region, deadline=deadline)
+        # candidates run their kernels for the first time in a worker process; the winner's
+        # kernels, checked there, run here
+        isolated = IsolatedEvaluate(backend.name, db.path, fingerprint, region, deadline) if isolate else None
         label = rep.label if len(group) == 1 else f"{rep.label} (x{len(group)})"
-        tuner = RegionTuner(key, label, rep.outputs, saturated, list(POLICIES), measurer.evaluate,
-                            measurer.end_to_end, db, compile_id, seed,
+        tuner = RegionTuner(key, label, rep.outputs, saturated, list(POLICIES),
+                            isolated or measurer.evaluate, measurer.end_to_end, db, compile_id, seed,
                             lambda p, d=deadline: on_progress(p, d.remaining()))
-        winner = tuner.run(deadline, max_candidates)
+        try:
+            winner = tuner.run(deadline, max_candidates)
+        finally:
+            if isolated:
+                isolated.close()
         _, program, configs = measurer.build(winner.outputs, winner.variant)
         choices[key] = Choice(winner.outputs, winner.variant, configs)
-        report.kernels_measured += measurer.kernels_measured
+        report.kernels_measured += measurer.kernels_measured + (isolated.kernels_measured if isolated else 0)
+        report.worker_restarts += isolated.restarts if isolated else 0
         report.regions.append(RegionReport(
             key, label, len(group), rep.size, saturated.stages, winner.progress, winner.key,
             winner.variant, winner.estimate_s, winner.end_to_end_s, saturate_s,

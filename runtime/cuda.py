@@ -34,6 +34,9 @@ class CudaBackend:
     def __init__(self):
         self.cp = cupy_or_error()
         self._functions: dict[str, object] = {}
+        # recordings replay on a stream of their own; a blocking stream, so that it stays ordered
+        # with the default stream everything else runs on
+        self._stream = self.cp.cuda.Stream(non_blocking=False)
 
     # --- compiling ----------------------------------------------------------------------------
     @staticmethod
@@ -86,6 +89,18 @@ class CudaBackend:
     def typed(self, buffer, dtype: DType):
         return buffer.view(storage(dtype))
 
+    def is_device(self, array) -> bool:
+        return isinstance(array, self.cp.ndarray)
+
+    @staticmethod
+    def address(array) -> int:
+        return array.data.ptr
+
+    def write(self, buffer, array: np.ndarray) -> None:
+        """Host values into an existing device array of the same shape and dtype."""
+        array = np.asarray(array, order="C")
+        buffer.set(array.view(np.uint16) if array.dtype == DType.BF16.np else array)
+
     def to_host(self, array, dtype: DType) -> np.ndarray:
         host = self.cp.asnumpy(array)
         return host.view(DType.BF16.np) if dtype is DType.BF16 else host
@@ -125,6 +140,17 @@ class CudaBackend:
         def launch(args, env):
             fn(grid or (blocks(env),), block, tuple(args))
         return launch
+
+    def capture(self, body):
+        """Record the kernels `body` launches into a CUDA graph (nothing runs yet); returns a
+        function that replays them. `body` must not allocate or copy from the host."""
+        with self._stream:
+            self._stream.begin_capture()
+            try:
+                body()
+            finally:
+                graph = self._stream.end_capture()
+        return lambda: graph.launch(self._stream)
 
     def synchronize(self) -> None:
         self.cp.cuda.get_current_stream().synchronize()

@@ -116,7 +116,7 @@ def _report_json(report: GraphReport, compiled: CompiledGraph) -> dict:
         row["progress"] = {k: v for k, v in asdict(r.progress).items()}
         regions.append(row)
     return {"regions": regions, "kernels_measured": report.kernels_measured,
-            "seconds": report.seconds, "kernels": compiled.kernel_count,
+            "worker_restarts": report.worker_restarts, "seconds": report.seconds, "kernels": compiled.kernel_count,
             "peak_bytes": compiled.peak_bytes}
 
 

@@ -100,13 +100,14 @@ class Executor:
         self._launchers = [backend.launcher(fn, k, c)
                            for fn, k, c in zip(self.functions, program.kernels, self.configs)]
 
-    def __call__(self, *args) -> list:
+    def __call__(self, *args, copy: bool = True) -> list:
         """Run on inputs in the graph's input order. Inputs the program updates in place (the KV
-        cache) are written through and returned as they are; other outputs are fresh arrays."""
+        cache) are written through and returned as they are; other outputs are fresh arrays, or
+        with `copy=False` views of this executor's memory, valid until it runs again."""
         inputs, env = self.bind(args)
         for launch, kernel_args in zip(self._launchers, self.launch_args(inputs, env)):
             launch(kernel_args, env)
-        return [self.result(name, inputs, env) for name in self.program.outputs]
+        return [self.result(name, inputs, env, copy) for name in self.program.outputs]
 
     def trace(self, *args) -> dict[str, np.ndarray]:
         """Run kernel by kernel and return every buffer a kernel wrote, by name, on the host."""
@@ -140,9 +141,9 @@ class Executor:
             out[i] = [self.backend.arg(inputs[a]) if isinstance(a, str) else a for a in self._args[i]]
         return out
 
-    def result(self, name: str, inputs: dict, env: dict[str, int]):
+    def result(self, name: str, inputs: dict, env: dict[str, int], copy: bool = True):
         """A buffer as an array of its node's shape: an input updated in place is returned as is;
-        a temporary is copied out of the arena."""
+        a temporary is copied out of the arena (or viewed in it)."""
         b = self.program.buffers[name]
         if name in self.program.aliases or b.role == "input":
             return inputs[self.program.aliases.get(name, name)]
@@ -150,4 +151,5 @@ class Executor:
         count = int(np.prod(shape, dtype=np.int64))
         # a slot can be larger than this buffer, by a size its dtype does not divide
         raw = self.arrays[name][:count * b.dtype.itemsize]
-        return self.backend.typed(raw, b.dtype).reshape(shape).copy()
+        view = self.backend.typed(raw, b.dtype).reshape(shape)
+        return view.copy() if copy else view

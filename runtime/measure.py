@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -41,9 +42,13 @@ class Region:
 
 class Measurer:
     def __init__(self, backend, db: TuneDB, fingerprint: str, region: Region, max_configs: int = 12,
-                 deadline: Deadline | None = None):
+                 deadline: Deadline | None = None,
+                 on_trial: Callable[[str, str, dict], None] = lambda name, config, symbols: None):
+        """`on_trial(kernel name, config key, symbols)` is called before a kernel configuration's
+        first launch (a worker process notes it, to blame it if the process dies)."""
         self.backend, self.db, self.fingerprint = backend, db, fingerprint
         self.region, self.max_configs, self.deadline = region, max_configs, deadline
+        self.on_trial = on_trial
         # a bf16 model's f32 intermediates carry bf16's error: check everything at its tolerance
         self.rtol = tolerance([n.dtype.np for n in region.inputs] +
                               [w.dtype for w in region.weights.values()])
@@ -151,6 +156,7 @@ class Measurer:
         if out_name not in executor.program.aliases:
             self.backend.poison(executor.arrays[out_name], kernel.output.dtype)  # a kernel must write
         launch = self.backend.launcher(fn, kernel, config)
+        self.on_trial(name, config.key(), symbols)
         launch(args, env)
         bad = mismatch(self.backend.to_host(executor.result(out_name, inputs, env), kernel.output.dtype),
                        expected, self.rtol)

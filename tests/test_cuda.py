@@ -138,6 +138,27 @@ def test_bf16_logits_within_2e_2_of_pytorch(tmp_path):
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-2
 
 
+@needs_gpu
+def test_decode_replays_one_cuda_graph_per_token_with_the_same_results():
+    from kiln.runtime.compiler import CompiledGraph
+    from kiln.runtime.cuda import CudaBackend
+    _, lm = tiny_case("tiny2_bf16")
+    backend = CudaBackend()
+    decode = CompiledGraph.untuned(lm.decode, backend)
+    assert decode._replayable
+    rng = np.random.default_rng(2)
+    zeros = [np.zeros(tuple(d.value for d in n.shape), n.dtype.np) for n in lm.decode.inputs[2:]]
+    replayed, launched = [backend.input(z) for z in zeros], [backend.input(z) for z in zeros]
+    for pos in range(6):
+        token = np.array([[rng.integers(0, 64)]])
+        got = decode(token, np.array(pos), *replayed)[0]
+        want = decode._run([backend.input(token), backend.input(np.array(pos)), *launched], copy=True)[0]
+        assert np.array_equal(backend.cp.asnumpy(got), backend.cp.asnumpy(want))
+    assert decode._recording is not None
+    for a, b in zip(replayed, launched):   # the cache was written in place by the replays
+        assert np.array_equal(backend.cp.asnumpy(a), backend.cp.asnumpy(b))
+
+
 def save_tiny_cases(folder: str) -> None:
     """What the GPU machine's KILN_TEST_LOWERED points at (scripts/gpu_check.sh)."""
     from kiln.frontend.hf import save_lowered

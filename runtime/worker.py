@@ -1,0 +1,185 @@
+"""Candidates checked and timed in a worker process, so that a kernel which crashes (a segfault,
+an illegal address that poisons the CUDA context) or hangs takes down only the worker: the
+candidate is recorded as "crash" or "timeout", the kernel configuration being measured at the
+time is recorded as failed so that no later candidate tries it again, and a fresh worker takes
+the next candidate.
+
+Parent and worker speak JSON lines over the worker's stdin and stdout. The region travels as an
+artifact folder (graph JSON and safetensors, never pickle); measurements go straight from the
+worker into the tuning database, which is what the parent reads them from.
+
+Run as `python -m kiln.runtime.worker FOLDER` (the parent does this)."""
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ..ir.errors import KilnError
+from ..ir.serialize import graph_from_json, graph_to_json
+from ..search.budget import Deadline
+from ..search.tuner import Outcome
+from .artifact import read_artifact, write_artifact
+from .measure import Measurer, Region
+
+SPEC = "worker.json"
+TRIAL = "trial.json"            # the kernel configuration being measured now, for a crash's blame
+MIN_TIMEOUT_S = 120.0           # a candidate's first compile and check can take this long on a GPU
+TIMEOUT_FACTOR = 5              # ... and never less than this many times the slowest one so far
+
+
+class IsolatedEvaluate:
+    """`evaluate(outputs, variant) -> Outcome` for the tuner, run in a worker process."""
+
+    def __init__(self, backend_name: str, db_path: Path, fingerprint: str, region: Region,
+                 deadline: Deadline | None = None, timeout_s: float = MIN_TIMEOUT_S):
+        """`timeout_s`: the least time a candidate gets before its worker is taken for hung."""
+        self.deadline, self.min_timeout_s = deadline, timeout_s
+        self.folder = Path(tempfile.mkdtemp(prefix="kiln-worker-")) / "region"
+        tensors = {**{f"weight/{k}": v for k, v in region.weights.items()},
+                   **{f"arg/{i}": a for i, a in enumerate(region.args)},
+                   **{f"want/{i}": w for i, w in enumerate(region.want)}}
+        spec = {"backend": backend_name, "db": str(db_path), "fingerprint": fingerprint,
+                "region": graph_to_json(region.graph(region.inputs)),
+                "args": len(region.args), "want": len(region.want)}
+        write_artifact(self.folder, {SPEC: json.dumps(spec)}, tensors)
+        self.fingerprint, self.db_path = fingerprint, db_path
+        self.kernels_measured = 0
+        self.restarts = 0
+        self._slowest = 0.0
+        self._proc: subprocess.Popen | None = None
+        self._lines: queue.Queue = queue.Queue()
+
+    def __call__(self, outputs, variant: str) -> Outcome:
+        from ..ir import Graph
+        program = graph_to_json(Graph(inputs=[], outputs=list(outputs), weights={}, symbols={}))
+        left = self.deadline.remaining() if self.deadline is not None else None
+        request = json.dumps({"program": program, "variant": variant, "seconds_left": left})
+        self._ensure_started()
+        self._trial_path.unlink(missing_ok=True)
+        start = time.monotonic()
+        try:
+            self._proc.stdin.write(request + "\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return self._lost("crash", "the worker process exited before taking the candidate")
+        timeout = max(self.min_timeout_s, TIMEOUT_FACTOR * self._slowest)
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            return self._lost("timeout", f"no answer within {timeout:.0f} s")
+        if line is None:
+            return self._lost("crash", self._exit_text())
+        self._slowest = max(self._slowest, time.monotonic() - start)
+        reply = json.loads(line)
+        if "error" in reply:
+            raise KilnError(reply["error"])
+        self.kernels_measured += reply["kernels_measured"]
+        return Outcome(reply["status"], reply["estimate_s"], reply["detail"])
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+        import shutil
+        shutil.rmtree(self.folder.parent, ignore_errors=True)
+
+    # --- the worker's life --------------------------------------------------------------------
+    @property
+    def _trial_path(self) -> Path:
+        return self.folder.parent / TRIAL
+
+    def _ensure_started(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", f"{__package__}.worker", str(self.folder)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._lines = queue.Queue()
+        self._stderr: list[str] = []
+        threading.Thread(target=_pump, args=(self._proc.stdout, self._lines), daemon=True).start()
+        threading.Thread(target=_keep, args=(self._proc.stderr, self._stderr), daemon=True).start()
+
+    def _lost(self, status: str, detail: str) -> Outcome:
+        """The worker died or hung: blame the kernel configuration it was measuring, if any,
+        and start afresh with the next candidate."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        self._proc = None
+        self.restarts += 1
+        if self._trial_path.exists():
+            from ..search.tunedb import TuneDB
+            trial = json.loads(self._trial_path.read_text())
+            db = TuneDB(self.db_path)
+            db.record_kernel_failure(self.fingerprint, trial["name"], trial["config"], trial["symbols"],
+                                     status, detail)
+            db.close()
+            detail += f"; while measuring kernel {trial['name']} in configuration {trial['config']}"
+        return Outcome(status, None, detail)
+
+    def _exit_text(self) -> str:
+        code = self._proc.wait()
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        tail = "".join(self._stderr)[-400:].strip()
+        return f"the worker process died ({how})" + (f": {tail}" if tail else "")
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)    # end of stream: the worker is gone
+
+
+def _keep(stream, sink: list[str]) -> None:
+    for line in stream:
+        sink.append(line)
+        del sink[:-20]
+
+
+# --- the worker -------------------------------------------------------------------------------
+def serve(folder: Path) -> None:
+    from ..search.tunedb import TuneDB
+    from .model import make_backend
+    protocol, sys.stdout = sys.stdout, sys.stderr     # stray prints must not break the protocol
+    _, open_file, tensors = read_artifact(folder)
+    spec = json.loads(open_file(SPEC))
+    weights = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("weight/")}
+    graph = graph_from_json(spec["region"])
+    region = Region(graph.inputs, weights, graph.symbols, [tensors[f"arg/{i}"] for i in range(spec["args"])],
+                    [tensors[f"want/{i}"] for i in range(spec["want"])])
+    trial = folder.parent / TRIAL
+    measurer = Measurer(make_backend(spec["backend"]), TuneDB(spec["db"]), spec["fingerprint"], region,
+                        on_trial=lambda name, config, symbols: _write_trial(trial, name, config, symbols))
+    for line in sys.stdin:
+        request = json.loads(line)
+        left = request["seconds_left"]
+        measurer.deadline = Deadline(left) if left is not None else None
+        before = measurer.kernels_measured
+        try:
+            outcome = measurer.evaluate(graph_from_json(request["program"]).outputs, request["variant"])
+        except KilnError as err:     # the machine's problem: the parent stops the compile
+            outcome = err
+        except Exception as err:     # the candidate's problem: rejected, as the tuner would
+            outcome = Outcome("crash", None, f"{type(err).__name__}: {err}")
+        reply = {"error": str(outcome)} if isinstance(outcome, KilnError) else {
+            "status": outcome.status, "estimate_s": outcome.estimate_s, "detail": outcome.detail,
+            "kernels_measured": measurer.kernels_measured - before}
+        trial.unlink(missing_ok=True)
+        protocol.write(json.dumps(reply) + "\n")
+        protocol.flush()
+
+
+def _write_trial(path: Path, name: str, config: str, symbols: dict) -> None:
+    path.write_text(json.dumps({"name": name, "config": config, "symbols": symbols}))
+
+
+if __name__ == "__main__":
+    serve(Path(sys.argv[1]))

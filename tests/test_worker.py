@@ -1,0 +1,79 @@
+"""Candidates measured in a worker process: a kernel that crashes or hangs costs only its
+candidate and its own configuration. The faults are real: a compiled kernel in the cache is
+replaced by one that segfaults or never returns, and the real worker runs it."""
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from kiln.codegen.schedule import schedule
+from kiln.ir import DType, Graph, Node, Op, evaluate
+from kiln.ir.build import reduce
+from kiln.ir.symbolic import shape_of
+from kiln.runtime.cpu import CpuBackend, cache_dir
+from kiln.runtime.measure import POLICIES, Region
+from kiln.runtime.worker import IsolatedEvaluate
+from kiln.search.tunedb import TuneDB
+
+VARIANT = next(iter(POLICIES))
+
+
+def _region() -> Region:
+    """x[8, 64] times w[64, 16]: one reduction kernel, several configurations to time."""
+    x = Node(Op.INPUT, name="x", role="input", shape=shape_of((8, 64, 1)), dtype=DType.F32)
+    w = Node(Op.INPUT, name="w", role="weight", shape=shape_of((1, 64, 16)), dtype=DType.F32)
+    product = Node(Op.MUL, [Node(Op.EXPAND, [x], shape=shape_of((8, 64, 16))),
+                            Node(Op.EXPAND, [w], shape=shape_of((8, 64, 16)))])
+    out = reduce(Op.SUM_REDUCE, product, [1])
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((1, 64, 16)).astype(np.float32)}
+    args = [rng.standard_normal((8, 64, 1)).astype(np.float32)]
+    want = evaluate([out], {x: args[0], w: weights["w"]}, {})
+    return Region([x], weights, {}, args, want), [out]
+
+
+def _plant(cache, body: str) -> tuple[str, str]:
+    """Replace the compiled kernel of the first kernel's second configuration (the first one the
+    tuner times after the default has been checked) by a function with `body`; returns its name
+    and configuration."""
+    region, outputs = _region()
+    program = schedule(region.graph(outputs), POLICIES[VARIANT])
+    kernel = program.kernels[0]
+    backend = CpuBackend()
+    config = backend.config_space(kernel)[1]
+    name, _ = backend.render(kernel, config)
+    so = cache / "planted.so"
+    src = cache / "planted.c"
+    src.write_text(f"void {name}(void) {{ {body} }}\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O0", "-o", str(so), str(src)], check=True)
+    (cache / f"{name}.ref").write_text(so.name)
+    return name, config.key()
+
+
+@pytest.mark.parametrize("fault, status, body", [
+    ("segfault", "crash", "*(volatile int*)0 = 1;"),
+    ("hang", "timeout", "for (;;) {}"),
+])
+def test_a_faulting_kernel_costs_only_its_candidate_and_configuration(tmp_path, monkeypatch, fault,
+                                                                      status, body):
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path))
+    planted, config = _plant(cache_dir(), body)
+    region, outputs = _region()
+    db_path = tmp_path / "tune.sqlite"
+    evaluate_ = IsolatedEvaluate("cpu", db_path, "test-machine", region, timeout_s=10)
+    try:
+        first = evaluate_(outputs, VARIANT)
+        assert first.status == status, first
+        assert planted in first.detail
+        with TuneDB(db_path) as db:
+            assert db.kernel_failure("test-machine", planted, config, {})[0] == status
+        # a fresh worker takes the same candidate, skips the failed configuration, times the rest
+        second = evaluate_(outputs, VARIANT)
+        assert second.status == "ok", second
+        assert second.estimate_s > 0
+        assert evaluate_.restarts == 1
+        assert evaluate_.kernels_measured >= 2
+    finally:
+        evaluate_.close()
