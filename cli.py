@@ -160,19 +160,25 @@ def bench_compiled(artifact: str, spec: str, tokens: int, prompt_len: int, json_
 @click.option("--tokens", default=128, show_default=True, type=click.IntRange(8, None),
               help="Decode steps timed after warm-up.")
 @click.option("--budget", default="5m", show_default=True, help="Kiln's search budget.")
-@click.option("--max-seq", default=256, show_default=True, type=click.IntRange(16, None))
+@click.option("--max-seq", default=704, show_default=True, type=click.IntRange(16, None),
+              help="KV-cache length (room for the prefill prompt and the decode steps).")
 @click.option("--torch-compile/--no-torch-compile", default=True, show_default=True,
               help="Also time torch.compile(mode='max-autotune') (minutes of compile).")
 @click.option("--db", type=click.Path(dir_okay=False), help="Tuning database.")
 @click.option("--lowered", "lowered_path", metavar="PATH",
               help="Graphs saved by 'kiln lower' (where this torch cannot export the model).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here.")
+@click.option("--prefill", default=512, show_default=True, type=click.IntRange(2, None),
+              help="Prompt length timed for prefill (at most max-seq - tokens - 16).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              help="Also write the figures here, and a PNG chart beside it.")
 @_clean_errors
 def bench_gpu(model: str, dtype: str, tokens: int, budget: str, max_seq: int, torch_compile: bool,
-              db: str | None, lowered_path: str | None, json_path: str | None) -> None:
-    """Decode tokens/s of PyTorch eager, torch.compile and Kiln (CUDA) on one GPU, in one run."""
+              db: str | None, lowered_path: str | None, prefill: int, json_path: str | None) -> None:
+    """Decode and prefill tokens/s of PyTorch eager, torch.compile and Kiln (CUDA) on one GPU,
+    in one run, with the copy bandwidth measured in the same run and each one's share of the
+    bandwidth bound; the decode kernels that take the most time."""
     from .runtime.bench_gpu import run_gpu_bench
-    run_gpu_bench(model, dtype, tokens, budget, max_seq, torch_compile, json_path, db, lowered_path)
+    run_gpu_bench(model, dtype, tokens, budget, max_seq, torch_compile, json_path, db, lowered_path, prefill)
 
 
 @main.command("lower")

@@ -67,6 +67,21 @@ def _atom(atom: str | Call) -> str | dict:
     return {"call": atom.fn, "args": [_expr_terms(a) for a in atom.args]}
 
 
+def expr_to_json(expr: Expr) -> dict:
+    """One symbolic expression as JSON (kernel descriptions use it)."""
+    return _encode(expr, "expression")
+
+
+def expr_from_json(data: Any) -> Expr:
+    try:
+        value = _decode(data)
+    except ValueError as err:
+        raise KilnError(f"kiln: malformed expression JSON: {err}") from err
+    if not isinstance(value, Expr):
+        raise KilnError(f"kiln: malformed expression JSON: {data!r} is not an expression")
+    return value
+
+
 # ---- from JSON ----------------------------------------------------------------------------------
 
 def graph_from_json(data: dict, weights: dict[str, np.ndarray] | None = None) -> Graph:

@@ -1,7 +1,8 @@
 """`kiln bench gpu MODEL`: in one process and one run, PyTorch eager, optionally
-`torch.compile(mode="max-autotune")`, and Kiln's CUDA backend decode the same model with the same
-weights; reports decode tokens/s (batch 1), compile times, the copy bandwidth measured in the same
-run and each system's share of the bandwidth bound (weight bytes read per token / bandwidth)."""
+`torch.compile(mode="max-autotune")`, and Kiln's CUDA backend run the same model with the same
+weights; reports decode tokens/s (batch 1), prefill tokens/s (one prompt of `prefill` tokens),
+compile times, the copy bandwidth measured in the same run and each system's share of the
+bandwidth bound (weight bytes read per token / bandwidth); writes JSON and a PNG chart."""
 from __future__ import annotations
 
 import json
@@ -28,8 +29,20 @@ def _decode_rate(step, tokens: int, warmup: int = 4) -> float:
     return 1 / statistics.median(times)
 
 
+def _prefill_rate(run, length: int, repeats: int = 5) -> float:
+    run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return length / statistics.median(times)
+
+
 def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch_compile: bool,
-            db: str | None, lowered_path: str | None = None) -> dict:
+            db: str | None, lowered_path: str | None = None, prefill: int = 512) -> dict:
     from .driver import compile_lm
     loaded = catalog.load(spec)
     model = loaded.model.to(getattr(torch, dtype)).eval()
@@ -38,7 +51,9 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
     rng = np.random.default_rng(0)
     ids = rng.integers(0, model.config.vocab_size, size=tokens + 16)
     start_pos = 8
-    result = {"model": spec, "dtype": dtype, "max_seq": max_seq, "tokens": tokens,
+    prefill = min(prefill, max_seq - tokens - 16)
+    prompt = rng.integers(0, model.config.vocab_size, size=(1, prefill))
+    result = {"model": spec, "dtype": dtype, "max_seq": max_seq, "tokens": tokens, "prefill_tokens": prefill,
               "weight_bytes": weight_bytes, "gpu": torch.cuda.get_device_name()}
 
     # Kiln first: its compile lowers on the CPU copy of the model
@@ -57,6 +72,9 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
             kiln_logits.append(decode.backend.to_host(out[0], decode.graph.outputs[0].dtype))
     result["kiln_decode_tokens_per_s"] = _decode_rate(kiln_step, tokens)
     result["kiln_kernels_per_token"] = decode.kernel_count
+    result["kiln_decode_replays_a_graph"] = decode._recording is not None
+    result["kiln_prefill_tokens_per_s"] = _prefill_rate(lambda: compiled.graphs["prefill"](prompt), prefill)
+    result["kiln_report"] = compiled.report
 
     gpu_model = model.cuda()
     step = hf.DecodeStep(gpu_model, cache).eval()
@@ -71,6 +89,12 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
         if fn is step and len(eager_logits) < 8:
             eager_logits.append(logits.float().cpu().numpy())
     result["eager_decode_tokens_per_s"] = _decode_rate(eager, tokens)
+    torch_prompt = torch.tensor(prompt, device="cuda")
+
+    def eager_prefill(fn=gpu_model) -> None:
+        with torch.no_grad():
+            fn(input_ids=torch_prompt, use_cache=False)
+    result["eager_prefill_tokens_per_s"] = _prefill_rate(eager_prefill, prefill)
     n = min(len(kiln_logits), len(eager_logits))
     result["kiln_vs_eager_rel_error"] = max(
         float(np.linalg.norm(kiln_logits[i].astype(np.float32) - eager_logits[i]) /
@@ -84,6 +108,11 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
         result["torch_compile_s"] = time.perf_counter() - t0
         result["torch_compile_decode_tokens_per_s"] = _decode_rate(
             lambda k: eager(k, compiled_step), tokens)
+        t0 = time.perf_counter()
+        compiled_model = torch.compile(gpu_model, mode="max-autotune", fullgraph=False)
+        eager_prefill(compiled_model)
+        result["torch_compile_prefill_compile_s"] = time.perf_counter() - t0
+        result["torch_compile_prefill_tokens_per_s"] = _prefill_rate(lambda: eager_prefill(compiled_model), prefill)
 
     src = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
     dst = torch.empty_like(src)
@@ -104,20 +133,66 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
     return result
 
 
+SYSTEMS = (("eager", "PyTorch eager"), ("torch_compile", "torch.compile max-autotune"), ("kiln", "Kiln"))
+
+
 def run_gpu_bench(spec: str, dtype: str, tokens: int, budget: str, max_seq: int,
                   torch_compile: bool, json_path: str | None, db: str | None,
-                  lowered_path: str | None = None) -> dict:
-    r = measure(spec, dtype, tokens, budget, max_seq, torch_compile, db, lowered_path)
+                  lowered_path: str | None = None, prefill: int = 512) -> dict:
+    r = measure(spec, dtype, tokens, budget, max_seq, torch_compile, db, lowered_path, prefill)
     print(f"{r['model']} {r['dtype']} on {r['gpu']}: {r['tokens']} decode tokens timed (median), "
-          f"copy bandwidth {r['copy_bytes_per_s'] / 1e12:.2f} TB/s, weights {r['weight_bytes'] / 1e9:.2f} GB, "
-          f"bound {r['bandwidth_bound_tokens_per_s']:.0f} tok/s")
-    for system in ("eager", "torch_compile", "kiln"):
+          f"prefill of {r['prefill_tokens']} tokens; copy bandwidth {r['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+          f"weights {r['weight_bytes'] / 1e9:.2f} GB, bound {r['bandwidth_bound_tokens_per_s']:.0f} tok/s")
+    print(f"  {'system':28s} {'decode tok/s':>12s} {'of bound':>9s} {'prefill tok/s':>14s}")
+    for system, name in SYSTEMS:
         key = f"{system}_decode_tokens_per_s"
         if key in r:
-            print(f"  {system:14s} {r[key]:8.1f} tok/s  {r[f'{system}_share_of_bound'] * 100:5.1f}% of bound")
-    print(f"  kiln compile {r['kiln_compile_s']:.0f} s, {r['kiln_kernels_per_token']} kernels per token, "
+            print(f"  {name:28s} {r[key]:12.1f} {r[f'{system}_share_of_bound'] * 100:8.1f}% "
+                  f"{r.get(f'{system}_prefill_tokens_per_s', float('nan')):14.0f}")
+    print(f"  kiln compile {r['kiln_compile_s']:.0f} s, {r['kiln_kernels_per_token']} kernels per token "
+          f"({'one CUDA graph replay' if r['kiln_decode_replays_a_graph'] else 'launched one by one'}), "
           f"logits vs eager rel. error {r['kiln_vs_eager_rel_error']:.1e}")
+    for line in _slowest_kernels(r["kiln_report"]["graphs"].get("decode", {})):
+        print("   ", line)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(r, f, indent=2)
+        print(f"wrote {json_path} and {_chart(r, json_path.removesuffix('.json') + '.png')}")
     return r
+
+
+def _slowest_kernels(report: dict, count: int = 8) -> list[str]:
+    """The decode kernels that take the most time per token (time x repeats of their region)."""
+    rows = [(k["seconds"] * r["count"], k, r["count"]) for r in report.get("regions", [])
+            for k in r.get("kernels", []) if k.get("seconds")]
+    total = sum(t for t, _, _ in rows) or 1.0
+    return [f"{t * 1e6:8.1f} us {t / total:5.1%}  x{n} {k['label']} [{k['config']}] "
+            f"{k['bytes'] / k['seconds'] / 1e9:.0f} GB/s" for t, k, n in sorted(rows, key=lambda x: -x[0])[:count]]
+
+
+def _chart(r: dict, path: str) -> str:
+    """Decode and prefill tokens/s per system, side by side, the bandwidth bound drawn on decode."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no chart (matplotlib is not installed: pip install 'tensorkiln[bench]')"
+    systems = [(s, name) for s, name in SYSTEMS if f"{s}_decode_tokens_per_s" in r]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, what in zip(axes, ("decode", "prefill")):
+        values = [r.get(f"{s}_{what}_tokens_per_s", 0.0) for s, _ in systems]
+        ax.bar([name for _, name in systems], values, color=["#888888", "#4477aa", "#cc6633"][:len(systems)])
+        for i, v in enumerate(values):
+            ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom")
+        if what == "decode":
+            ax.axhline(r["bandwidth_bound_tokens_per_s"], color="black", linestyle="--", linewidth=1)
+            ax.text(len(systems) - 0.5, r["bandwidth_bound_tokens_per_s"], "bandwidth bound", ha="right",
+                    va="bottom", fontsize=8)
+        ax.set_title(f"{what} tokens/s" + (f" ({r['prefill_tokens']}-token prompt)" if what == "prefill"
+                                           else " (batch 1)"))
+        ax.tick_params(axis="x", labelsize=8)
+    fig.suptitle(f"{r['model']} {r['dtype']} on {r['gpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path

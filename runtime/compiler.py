@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 
 from ..codegen.kernel import KernelConfig
+from ..codegen.library import is_library
 from ..codegen.schedule import schedule
 from ..ir import Graph, Node, evaluate
 from ..ir.graph import is_weight
@@ -122,10 +123,12 @@ class CompiledGraph:
     @property
     def _replayable(self) -> bool:
         """A recording holds while no symbol changes: every input size fixed, no symbol a kernel
-        reads (writing one would copy from the host inside the recording)."""
+        reads (writing one would copy from the host inside the recording); and no library call
+        (CuPy allocates its temporaries, which a recording must not)."""
         return (hasattr(self.backend, "capture") and
                 all(d.is_const for n in self.graph.inputs for d in n.shape) and
-                not any(k.symbols for ex in self.executors for k in ex.program.kernels))
+                not any(k.symbols for ex in self.executors for k in ex.program.kernels) and
+                not any(is_library(name) for name in self.sources))
 
     def _run(self, args: list, copy: bool) -> list:
         dtypes = [self.backend.logical_dtype(a, n.dtype) for a, n in zip(args, self.graph.inputs)]

@@ -16,8 +16,10 @@ import numpy as np
 
 from ..codegen.c_emit import PRELUDE, emit_c
 from ..codegen.kernel import Kernel, KernelConfig, config_space, source_hash
+from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
 from ..ir.dtypes import DType
 from ..ir.errors import CompileError, KilnError
+from .library import ArrayInterop, LibraryKernel
 
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-std=gnu11"]
 
@@ -68,13 +70,14 @@ class CpuBackend:
         callables by name. Functions not in the disk cache are compiled together, in one shared
         object per core (gcc's start-up dominates a small kernel's compile); each function's cache
         entry points at the object that holds it."""
+        out = {n: LibraryKernel(Gemm.from_source(src), _HOST) for n, src in functions.items() if is_library(n)}
+        functions = {n: src for n, src in functions.items() if n not in out}
         root = cache_dir()
         missing = [n for n in functions if self._object_of(root, n) is None]
         if missing:
             chunks = [missing[i::os.cpu_count() or 2] for i in range(min(len(missing), os.cpu_count() or 2))]
             with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
                 list(pool.map(lambda chunk: self._build_chunk(root, chunk, functions), chunks))
-        out = {}
         for name in functions:
             path = self._object_of(root, name)
             lib = self._libs.get(str(path)) or ctypes.CDLL(str(path))
@@ -120,24 +123,28 @@ class CpuBackend:
 
     # --- the executor's interface (runtime/executor.py) ----------------------------------------
     @staticmethod
-    def render(kernel: Kernel, config: KernelConfig) -> tuple[str, str]:
+    def render(kernel: Kernel, config: KernelConfig | LibraryConfig) -> tuple[str, str]:
         """(function name, C source); the name is the hash of the source, so equal kernels share
-        one compiled function and one tuning record."""
+        one compiled function and one tuning record. A library configuration's source is the
+        call's description."""
+        if isinstance(config, LibraryConfig):
+            gemm = as_gemm(kernel)
+            return gemm.name(), gemm.source()
         draft = emit_c(kernel, config, "KERNEL")
         name = f"k_{source_hash(draft)}"
         return name, draft.replace("void KERNEL(", f"void {name}(", 1)
 
     @staticmethod
-    def config_space(kernel: Kernel) -> list[KernelConfig]:
-        return config_space(kernel)
+    def config_space(kernel: Kernel) -> list[KernelConfig | LibraryConfig]:
+        return with_library(config_space(kernel), kernel)
 
     @staticmethod
     def default_config() -> KernelConfig:
         return KernelConfig()
 
     @staticmethod
-    def config_from_json(data: dict) -> KernelConfig:
-        return KernelConfig.from_json(data)
+    def config_from_json(data: dict) -> KernelConfig | LibraryConfig:
+        return LibraryConfig(data["library"]) if "library" in data else KernelConfig.from_json(data)
 
     @staticmethod
     def allocate(nbytes: int) -> np.ndarray:
@@ -177,7 +184,9 @@ class CpuBackend:
         buffer[:len(values)] = values
 
     @staticmethod
-    def launcher(fn, kernel: Kernel, config: KernelConfig):
+    def launcher(fn, kernel: Kernel, config: KernelConfig | LibraryConfig):
+        if isinstance(fn, LibraryKernel):
+            return fn.launcher(kernel)
         return lambda args, env: fn(*args)
 
     @staticmethod
@@ -197,3 +206,12 @@ class CpuBackend:
             times.append(time.perf_counter() - start)
         return times
 
+
+def _host_array(pointer: ctypes.c_void_p, dtype: DType, count: int) -> np.ndarray:
+    raw = (ctypes.c_uint8 * (count * dtype.itemsize)).from_address(pointer.value)
+    return np.frombuffer(raw, dtype=np.uint8).view(dtype.np)
+
+
+# numpy computes bf16 and f16 through f32 copies (ml_dtypes and numpy convert)
+_HOST = ArrayInterop(np, _host_array, lambda a, dtype: a.astype(np.float32, copy=False),
+                     lambda a, dtype: a.astype(dtype.np, copy=False))

@@ -7,8 +7,10 @@ import numpy as np
 
 from ..codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda
 from ..codegen.kernel import Kernel, source_hash
+from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
 from ..ir.dtypes import DType
 from ..ir.errors import CompileError, KilnError
+from .library import ArrayInterop, LibraryKernel
 
 _MAX_BLOCKS = 65535 * 8      # the grid-stride loop covers the rest
 
@@ -37,28 +39,35 @@ class CudaBackend:
         # recordings replay on a stream of their own; a blocking stream, so that it stays ordered
         # with the default stream everything else runs on
         self._stream = self.cp.cuda.Stream(non_blocking=False)
+        self._interop = ArrayInterop(self.cp, lambda a, dtype, count: a.ravel().view(storage(dtype)),
+                                     self._to_f32, self._from_f32)
 
     # --- compiling ----------------------------------------------------------------------------
     @staticmethod
-    def render(kernel: Kernel, config: CudaConfig) -> tuple[str, str]:
+    def render(kernel: Kernel, config: CudaConfig | LibraryConfig) -> tuple[str, str]:
+        if isinstance(config, LibraryConfig):      # cuBLAS, through CuPy's matmul
+            gemm = as_gemm(kernel)
+            return gemm.name(), gemm.source()
         draft = emit_cuda(kernel, config, "KERNEL")
         name = f"k_{source_hash(draft)}"
         return name, draft.replace(" KERNEL(", f" {name}(", 1)
 
     @staticmethod
-    def config_space(kernel: Kernel) -> list[CudaConfig]:
-        return config_space(kernel)
+    def config_space(kernel: Kernel) -> list[CudaConfig | LibraryConfig]:
+        return with_library(config_space(kernel), kernel)
 
     @staticmethod
     def default_config() -> CudaConfig:
         return CudaConfig()
 
     @staticmethod
-    def config_from_json(data: dict) -> CudaConfig:
-        return CudaConfig.from_json(data)
+    def config_from_json(data: dict) -> CudaConfig | LibraryConfig:
+        return LibraryConfig(data["library"]) if "library" in data else CudaConfig.from_json(data)
 
     def compile(self, functions: dict[str, str]) -> dict[str, object]:
         """One NVRTC module for all functions not compiled yet in this process."""
+        for name in [n for n in functions if is_library(n) and n not in self._functions]:
+            self._functions[name] = LibraryKernel(Gemm.from_source(functions[name]), self._interop)
         missing = {n: src for n, src in functions.items() if n not in self._functions}
         if missing:
             code = PRELUDE + "\n".join(missing[n] for n in sorted(missing))
@@ -88,6 +97,18 @@ class CudaBackend:
 
     def typed(self, buffer, dtype: DType):
         return buffer.view(storage(dtype))
+
+    def _to_f32(self, values, dtype: DType):
+        """bf16 is stored as its upper 16 bits: shift them back into place."""
+        if dtype is DType.BF16:
+            return (values.astype(self.cp.uint32) << 16).view(self.cp.float32)
+        return values.astype(self.cp.float32, copy=False)
+
+    def _from_f32(self, values, dtype: DType):
+        if dtype is DType.BF16:    # round to nearest even, as kiln_bf16_store does
+            bits = self.cp.ascontiguousarray(values, dtype=self.cp.float32).view(self.cp.uint32)
+            return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(self.cp.uint16)
+        return values.astype(storage(dtype), copy=False)
 
     def is_device(self, array) -> bool:
         return isinstance(array, self.cp.ndarray)
@@ -125,7 +146,9 @@ class CudaBackend:
             buffer[:] = 0xFF
 
     # --- launching and timing -----------------------------------------------------------------
-    def launcher(self, fn, kernel: Kernel, config: CudaConfig):
+    def launcher(self, fn, kernel: Kernel, config: CudaConfig | LibraryConfig):
+        if isinstance(fn, LibraryKernel):
+            return fn.launcher(kernel)
         extents = [e for _, e in kernel.loops]
         fixed = all(e.is_const for e in extents)
 

@@ -404,6 +404,9 @@ def _legend() -> str:
          "every CPU kernel is rendered from: <b>outer</b> = which output loop runs outermost; "
          "<b>par</b> = how many outer loops OpenMP splits among threads (0: one thread); <b>simd</b> "
          "= reduction loops vectorized (1) or not (0); <b>unroll</b> = reduction unroll factor."),
+        ("configuration <code>library-gemm</code>", "the kernel is a matrix product run as one library "
+         "call (BLAS through numpy on the CPU, cuBLAS through CuPy on the GPU) instead of generated "
+         "code; it won the timing against the generated configurations."),
         ("fusion policy <code>inline12-bcast1</code>", "how much elementwise work a kernel may recompute "
          "instead of reading it from a stored buffer: <b>inline</b> ops for a value several kernels "
          "read, <b>bcast</b> ops for one read under a broadcast."),

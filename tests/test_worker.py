@@ -8,6 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from kiln.codegen.kernel import KernelConfig
 from kiln.codegen.schedule import schedule
 from kiln.ir import DType, Graph, Node, Op, evaluate
 from kiln.ir.build import reduce
@@ -35,14 +36,14 @@ def _region() -> Region:
 
 
 def _plant(cache, body: str) -> tuple[str, str]:
-    """Replace the compiled kernel of the first kernel's second configuration (the first one the
-    tuner times after the default has been checked) by a function with `body`; returns its name
+    """Replace the compiled kernel of the first kernel's first generated configuration after the
+    default (the default has been checked by then) by a function with `body`; returns its name
     and configuration."""
     region, outputs = _region()
     program = schedule(region.graph(outputs), POLICIES[VARIANT])
     kernel = program.kernels[0]
     backend = CpuBackend()
-    config = backend.config_space(kernel)[1]
+    config = next(c for c in backend.config_space(kernel)[1:] if isinstance(c, KernelConfig))
     name, _ = backend.render(kernel, config)
     so = cache / "planted.so"
     src = cache / "planted.c"

@@ -1,0 +1,79 @@
+"""Library kernels: matrix products recognized in the kernel IR and run as one BLAS call, checked
+kernel by kernel against the reference interpreter on random shapes (odd sizes, batches,
+transposed operands, bf16, symbolic sizes)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kiln.codegen.kernel import KernelConfig
+from kiln.codegen.library import LibraryConfig, as_gemm
+from kiln.codegen.schedule import FusionPolicy, schedule
+from kiln.ir import DType, Graph, Node, Op
+from kiln.ir.build import elementwise, expand, permute, reduce, reshape
+from kiln.ir.symbolic import shape_of, sym
+from kiln.runtime.cpu import CpuBackend
+from kiln.runtime.executor import Executor
+from tests.kernel_check import run_problems
+
+
+def inp(name, shape, dtype=DType.F32, role="input"):
+    return Node(Op.INPUT, name=name, role=role, shape=shape_of(shape), dtype=dtype)
+
+
+def matmul(a: Node, b: Node) -> Node:
+    """a[..., m, k] @ b[..., k, n] as the frontend lowers it: broadcast multiply, then a sum."""
+    *batch, m, k = a.shape
+    n = b.shape[-1]
+    full = (*batch, m, k, n)
+    prod = elementwise(Op.MUL, expand(reshape(a, (*batch, m, k, 1)), full),
+                       expand(reshape(b, (*batch, 1, k, n)), full))
+    return reduce(Op.SUM_REDUCE, prod, [-2])
+
+
+def cases():
+    rng = np.random.default_rng(0)
+
+    def weight(name, shape, dtype=DType.F32):
+        return inp(name, shape, dtype, "weight"), {name: rng.standard_normal(shape).astype(dtype.np)}
+    x = inp("x", (5, 33))
+    w, values = weight("w", (7, 33))
+    yield "linear", [x], matmul(x, permute(w, (1, 0))), values           # x @ w.T, a Linear
+    q, k = inp("q", (3, 4, 16)), inp("k", (3, 9, 16))
+    yield "batched-transposed", [q, k], matmul(q, permute(k, (0, 2, 1))), {}   # attention scores
+    xb = inp("xb", (1, 40), DType.BF16)
+    wb, values = weight("wb", (40, 24), DType.BF16)
+    yield "bf16", [xb], matmul(xb, wb), values
+    xs = inp("xs", (sym("t"), 12))
+    ws, values = weight("ws", (12, 10))
+    yield "symbolic", [xs], elementwise(Op.ADD, matmul(xs, ws), reduce(Op.SUM_REDUCE, xs, [1], keepdim=True)), \
+        values
+
+
+@pytest.mark.parametrize("case", list(cases()), ids=lambda c: c[0])
+def test_gemm_kernels_run_as_a_library_call_and_equal_the_reference(case):
+    _, inputs, out, weights = case
+    graph = Graph(inputs, [out], weights=weights, symbols={"t": (1, 16)})
+    program = schedule(graph, FusionPolicy(4, 0))
+    backend = CpuBackend()
+    gemms = [k for k in program.kernels if as_gemm(k)]
+    assert gemms, "the matrix product was not recognized"
+    assert all(LibraryConfig() in backend.config_space(k) for k in gemms)
+    configs = [LibraryConfig() if as_gemm(k) else KernelConfig() for k in program.kernels]
+    executor = Executor(graph, program, configs, backend)
+    rng = np.random.default_rng(1)
+    for _ in range(2):
+        env = {"t": int(rng.integers(1, 17))}
+        args = [(rng.standard_normal(tuple(d.evaluate(env) for d in i.shape)) * 2).astype(i.dtype.np)
+                for i in inputs]
+        problems = run_problems(executor, args)
+        assert not problems, problems
+
+
+def test_a_product_with_more_than_a_multiply_inside_is_not_a_gemm():
+    x, w = inp("x", (4, 8)), inp("w", (8, 3), role="weight")
+    scaled = elementwise(Op.MUL, x, elementwise(Op.SQRT, x))       # x * sqrt(x), fused into the sum
+    graph = Graph([x], [matmul(scaled, w)], weights={"w": np.ones((8, 3), np.float32)})
+    program = schedule(graph, FusionPolicy(32, 3))
+    assert not any(as_gemm(k) for k in program.kernels)
+
