@@ -153,6 +153,15 @@ def bench_compiled(artifact: str, spec: str, tokens: int, prompt_len: int, json_
     run_compiled_bench(artifact, spec, tokens, prompt_len, json_path)
 
 
+@bench.command("chart")
+@click.argument("json_path", metavar="JSON", type=click.Path(exists=True, dir_okay=False))
+@_clean_errors
+def bench_chart(json_path: str) -> None:
+    """Draw the PNG chart (beside JSON) of a `kiln bench gpu --json` result."""
+    from .runtime.bench_gpu import write_chart
+    click.echo(write_chart(json_path))
+
+
 @bench.command("gpu")
 @click.argument("model", default="llama-3.2-1b")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16",

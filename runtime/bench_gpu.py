@@ -161,6 +161,18 @@ def run_gpu_bench(spec: str, dtype: str, tokens: int, budget: str, max_seq: int,
     return r
 
 
+def write_chart(json_path: str) -> str:
+    """The PNG chart of a bench JSON written on another machine (the GPU's may lack matplotlib)."""
+    from ..ir.errors import KilnError
+    try:
+        with open(json_path) as f:
+            r = json.load(f)
+        return _chart(r, json_path.removesuffix(".json") + ".png")
+    except (OSError, json.JSONDecodeError, KeyError) as err:
+        raise KilnError(f"kiln: {json_path} is not a bench JSON written by `kiln bench gpu` "
+                        f"({type(err).__name__}: {err})") from err
+
+
 def _slowest_kernels(report: dict, count: int = 8) -> list[str]:
     """The decode kernels that take the most time per token (time x repeats of their region)."""
     rows = [(k["seconds"] * r["count"], k, r["count"]) for r in report.get("regions", [])
@@ -177,7 +189,8 @@ def _chart(r: dict, path: str) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "no chart (matplotlib is not installed: pip install 'tensorkiln[bench]')"
+        return ("no chart: matplotlib is not installed here; draw it with `kiln bench chart "
+                f"{path.removesuffix('.png')}.json` where it is (pip install 'tensorkiln[bench]')")
     systems = [(s, name) for s, name in SYSTEMS if f"{s}_decode_tokens_per_s" in r]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, what in zip(axes, ("decode", "prefill")):
