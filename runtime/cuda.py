@@ -3,6 +3,9 @@ keeps them on disk), launched on CuPy device memory, timed with CUDA events. f16
 tensors live on the device as their 16-bit patterns."""
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from ..codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda
@@ -66,19 +69,25 @@ class CudaBackend:
         return LibraryConfig(data["library"]) if "library" in data else CudaConfig.from_json(data)
 
     def compile(self, functions: dict[str, str]) -> dict[str, object]:
-        """One NVRTC module for all functions not compiled yet in this process."""
+        """One NVRTC module per function not compiled yet in this process, compiled in parallel
+        threads (NVRTC runs without the GIL). One function per module lets CuPy's disk cache
+        serve every later compile of the same kernel: in the next candidate, the next worker
+        process, the final build and a loaded artifact."""
         for name in [n for n in functions if is_library(n) and n not in self._functions]:
             self._functions[name] = LibraryKernel(Gemm.from_source(functions[name]), self._interop)
-        missing = {n: src for n, src in functions.items() if n not in self._functions}
+        missing = sorted(n for n in functions if n not in self._functions)
         if missing:
-            code = PRELUDE + "\n".join(missing[n] for n in sorted(missing))
-            try:
-                module = self.cp.RawModule(code=code, options=("--std=c++17",), name_expressions=None)
-                for name in missing:
-                    self._functions[name] = module.get_function(name)
-            except self.cp.cuda.compiler.CompileException as err:
-                raise CompileError(f"kiln: NVRTC failed on a generated kernel:\n{str(err)[-2000:]}") from None
+            with ThreadPoolExecutor(max_workers=min(len(missing), os.cpu_count() or 4)) as pool:
+                for name, fn in zip(missing, pool.map(lambda n: self._compile_one(n, functions[n]), missing)):
+                    self._functions[name] = fn
         return {n: self._functions[n] for n in functions}
+
+    def _compile_one(self, name: str, source: str):
+        try:
+            module = self.cp.RawModule(code=PRELUDE + source, options=("--std=c++17",))
+            return module.get_function(name)
+        except self.cp.cuda.compiler.CompileException as err:
+            raise CompileError(f"kiln: NVRTC failed on kernel {name}:\n{str(err)[-2000:]}") from None
 
     # --- memory -------------------------------------------------------------------------------
     def allocate(self, nbytes: int):
