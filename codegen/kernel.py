@@ -179,10 +179,28 @@ def source_hash(source: str) -> str:
 
 
 def traffic_bytes(kernel: Kernel, env: dict[str, int]) -> int:
-    """The fewest bytes a kernel moves: each buffer it reads once, its output once (reports
-    divide time by it for achieved bandwidth; the search never ranks by it)."""
-    buffers = (kernel.output, *kernel.inputs)
-    return sum(b.size.evaluate(env) * b.dtype.itemsize for b in buffers)
+    """The fewest bytes a kernel moves: its output once, and each input once, or only as many
+    elements as its loads execute where that is fewer (a gather reads the rows it picks, not the
+    table). Reports divide time by it for achieved bandwidth; the search never ranks by it."""
+    points = 1
+    for _, extent in kernel.loops:
+        points *= extent.evaluate(env)
+    loads: dict[str, int] = {}
+    seen: set[tuple[int, int]] = set()
+
+    def walk(s: Scalar, times: int) -> None:
+        if (id(s), times) in seen:
+            return
+        seen.add((id(s), times))
+        if isinstance(s, Load):
+            loads[s.buffer] = loads.get(s.buffer, 0) + times
+        inner = times * s.extent.evaluate(env) if isinstance(s, Reduce) else times
+        for c in s.children():
+            walk(c, inner)
+    walk(kernel.value, points)
+    out = kernel.output.size.evaluate(env) * kernel.output.dtype.itemsize
+    return out + sum(min(b.size.evaluate(env), loads.get(b.name, 0)) * b.dtype.itemsize
+                     for b in kernel.inputs)
 
 
 def arithmetic_ops(kernel: Kernel, env: dict[str, int]) -> int:

@@ -37,8 +37,14 @@ def ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     return [first + i * step for i in range(int(math.ceil((hi - first) / step - 1e-9)) + 1)]
 
 
-def _num(v: float) -> str:
-    return f"{v:.4g}"
+def _labels(values: list[float]) -> list[str]:
+    """Tick labels with the fewest significant digits (four at least) that tell them apart: a
+    narrow range (6.0055 .. 6.0065 ms) needs more than a wide one."""
+    for digits in range(4, 12):
+        labels = [f"{v:.{digits}g}" for v in values]
+        if len(set(labels)) == len(labels):
+            return labels
+    return labels
 
 
 def step_chart(series: list[Series], title: str, x_label: str, y_label: str,
@@ -61,14 +67,14 @@ def step_chart(series: list[Series], title: str, x_label: str, y_label: str,
 
     out = [_open(width, height, title),
            f'<text x="{left}" y="14" font-weight="bold">{escape(title)}</text>']
-    for v in xt:
+    for v, label in zip(xt, _labels(xt)):
         out.append(f'<line x1="{sx(v):.1f}" y1="{top}" x2="{sx(v):.1f}" y2="{height - bottom}" '
                    f'stroke="#e4e4e4"/><text x="{sx(v):.1f}" y="{height - bottom + 14}" '
-                   f'text-anchor="middle">{_num(v)}</text>')
-    for v in yt:
+                   f'text-anchor="middle">{label}</text>')
+    for v, label in zip(yt, _labels(yt)):
         out.append(f'<line x1="{left}" y1="{sy(v):.1f}" x2="{width - right}" y2="{sy(v):.1f}" '
                    f'stroke="#e4e4e4"/><text x="{left - 4}" y="{sy(v) + 4:.1f}" '
-                   f'text-anchor="end">{_num(v)}</text>')
+                   f'text-anchor="end">{label}</text>')
     out.append(f'<text x="{(left + width - right) / 2}" y="{height - 6}" text-anchor="middle">'
                f'{escape(x_label)}</text>')
     out.append(f'<text transform="translate(12 {(top + height - bottom) / 2}) rotate(-90)" '

@@ -503,3 +503,13 @@ def test_tiny_llama_decode_updates_the_cache_in_place(tiny_lm, rng):
     for k in range(len(caches)):
         assert got[1 + k] is given[2 + k]          # the caller's cache, written through
         assert not mismatch(given[2 + k], want[1 + k], DType.F32)
+
+
+def test_traffic_of_a_gather_counts_the_rows_it_picks_not_the_table():
+    from kiln.codegen.kernel import traffic_bytes
+    table = Node(Op.INPUT, name="table", role="weight", shape=shape_of((1000, 16)), dtype=DType.F32)
+    ids = inp("ids", (3,), DType.I64)
+    g = Graph([ids], [Node(Op.GATHER, [table, ids], axis=0)], weights={"table": np.zeros((1000, 16), np.float32)})
+    (kernel,) = schedule(g, POLICIES[0]).kernels
+    # 3 rows of 16 f32 written, the same 3 rows read, 3 int64 indices read
+    assert traffic_bytes(kernel, {}) == 3 * 16 * 4 + 3 * 16 * 4 + 3 * 8
