@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
-# One GPU-machine call: per-kernel diagnostics of the CUDA backend on small lowered models, then
-# the side-by-side bench (arguments go to `kiln bench gpu`). Logs under $OUT.
+# One GPU-machine call (the device tool, carry [".whl", "lowered"]): the CUDA tests, per-kernel
+# diagnostics of small lowered models, then the side-by-side bench on the lowered Llama-3.2-1B
+# (arguments go to `kiln bench gpu`). Logs under $OUT. The tuning database lives in build/ (kept
+# while the machine stays warm), so a second call re-measures nothing.
+#   STEPS="tests debug bench" (default all); TEST_TIMEOUT, DEBUG_TIMEOUT, BENCH_TIMEOUT in seconds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-out}; mkdir -p "$out"
+out=${OUT:-out}; mkdir -p "$out" build
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/kiln
-export PYTHONPATH=/tmp/pkg:/tmp/site:$PWD PYTHONUNBUFFERED=1
-timeout "${DEBUG_TIMEOUT:-150}" python3 scripts/gpu_debug.py ${DEBUG_MODELS:-lowered/tiny2_f32 lowered/tiny2_bf16} \
-  2>&1 | grep -v Warning | tee "$out/debug.log" | tail -40
-timeout "${BENCH_TIMEOUT:-300}" python3 -m kiln.cli bench gpu "$@" --json "$out/bench.json" 2>&1 \
-  | tee "$out/bench.log" | tail -12
+export PYTHONPATH=/tmp/pkg:/tmp/site:$PWD PYTHONUNBUFFERED=1 KILN_TEST_LOWERED=$PWD/lowered
+steps=${STEPS:-tests debug bench}
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
+if [[ $steps == *tests* ]]; then
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py 2>&1 \
+    | tee "$out/test_cuda.log" | tail -15
+fi
+if [[ $steps == *debug* ]]; then
+  timeout "${DEBUG_TIMEOUT:-150}" python3 scripts/gpu_debug.py ${DEBUG_MODELS:-lowered/tiny2_f32 lowered/tiny2_bf16} \
+    2>&1 | grep -v Warning | tee "$out/debug.log" | tail -40
+fi
+if [[ $steps == *bench* ]]; then
+  timeout "${BENCH_TIMEOUT:-420}" python3 -m kiln.cli bench gpu --lowered lowered/llama1b --db build/gpu-tune.sqlite \
+    --json "$out/bench.json" "$@" 2>&1 | grep -v Warning | tee "$out/bench.log" | tail -25
+fi

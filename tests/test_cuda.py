@@ -160,7 +160,7 @@ def test_decode_replays_one_cuda_graph_per_token_with_the_same_results():
 
 
 def save_tiny_cases(folder: str) -> None:
-    """What the GPU machine's KILN_TEST_LOWERED points at (scripts/gpu_check.sh)."""
+    """What the GPU machine's KILN_TEST_LOWERED points at (scripts/gpu_session.sh)."""
     from kiln.frontend.hf import save_lowered
     Path(folder).mkdir(parents=True, exist_ok=True)
     for tag, (layers, seed, dtype, max_seq) in TINY_CASES.items():
