@@ -1,0 +1,98 @@
+"""The logic around recorded launches (CUDA graphs), run here without a GPU: a CPU backend that
+records launches instead of running them while capturing, and replays the record. Device arrays
+are told from host ones by type, as CuPy's are; host inputs must go through fixed buffers and
+the KV cache must be used where it lies, or a replay computes from stale memory. The real CUDA
+graph is tested on the GPU (tests/test_cuda.py)."""
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.frontend.hf import lower_causal_lm
+from kiln.runtime.compiler import CompiledGraph
+from kiln.runtime.cpu import CpuBackend
+from tests.helpers import tiny_llama
+
+
+class DeviceArray(np.ndarray):
+    """An array in the recording backend's "device" memory."""
+
+
+class RecordingCpuBackend(CpuBackend):
+    def __init__(self):
+        super().__init__()
+        self.record: list | None = None
+        self.captures = 0
+
+    # all memory the backend hands out is "device" memory, views of it too
+    def allocate(self, nbytes: int):
+        return super().allocate(nbytes).view(DeviceArray)
+
+    def upload(self, array):
+        return np.array(array, order="C", copy=True).view(DeviceArray)
+
+    def input(self, array):
+        # as CuPy's: a device array is used as it is; a host one is copied to the device
+        return array if isinstance(array, DeviceArray) else self.upload(super().input(array))
+
+    def is_device(self, array) -> bool:
+        return isinstance(array, DeviceArray)
+
+    @staticmethod
+    def address(array) -> int:
+        return array.ctypes.data
+
+    @staticmethod
+    def write(buffer, array) -> None:
+        buffer[...] = array
+
+    def launcher(self, fn, kernel, config):
+        launch = super().launcher(fn, kernel, config)
+
+        def recorded(args, env):
+            if self.record is None:
+                launch(args, env)
+            else:
+                self.record.append((launch, list(args), env))
+        return recorded
+
+    def capture(self, body):
+        self.record, self.captures = [], self.captures + 1
+        try:
+            body()
+            record = self.record
+        finally:
+            self.record = None
+        return lambda: [launch(args, env) for launch, args, env in record]
+
+
+def test_decode_replays_a_record_and_matches_a_plain_run():
+    lm = lower_causal_lm(tiny_llama(2, seed=5), 24)
+    replaying = CompiledGraph.untuned(lm.decode, RecordingCpuBackend())
+    plain = CompiledGraph.untuned(lm.decode, CpuBackend())
+    assert replaying._replayable and not plain._replayable
+    backend = replaying.backend
+    zeros = [np.zeros(tuple(d.value for d in n.shape), n.dtype.np) for n in lm.decode.inputs[2:]]
+    rng = np.random.default_rng(0)
+    for caches_round in range(2):     # a new KV cache (a new prompt) is recorded again
+        device_caches = [backend.input(z) for z in zeros]
+        host_caches = [z.copy() for z in zeros]
+        for pos in range(5):
+            token = np.array([[rng.integers(0, 64)]])
+            got, *kept = replaying(token, np.array(pos), *device_caches)
+            want, *host_caches = plain(token, np.array(pos), *host_caches)
+            np.testing.assert_array_equal(np.asarray(got), want)
+            assert all(k is c for k, c in zip(kept, device_caches)), "the cache is updated in place"
+            for d, h in zip(device_caches, host_caches):
+                np.testing.assert_array_equal(np.asarray(d), h)
+        assert backend.captures == caches_round + 1
+
+
+def test_replayed_outputs_are_the_callers_to_keep():
+    lm = lower_causal_lm(tiny_llama(1, seed=6), 16)
+    decode = CompiledGraph.untuned(lm.decode, RecordingCpuBackend())
+    caches = [decode.backend.input(np.zeros(tuple(d.value for d in n.shape), n.dtype.np))
+              for n in lm.decode.inputs[2:]]
+    first = decode(np.array([[3]]), np.array(0), *caches)[0]
+    kept = np.array(first)
+    decode(np.array([[9]]), np.array(1), *caches)
+    np.testing.assert_array_equal(np.asarray(first), kept)   # not overwritten by the next replay
