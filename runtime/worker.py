@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..ir import Graph
 from ..ir.errors import KilnError
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..search.budget import Deadline
@@ -30,6 +32,7 @@ from .measure import Measurer, Region
 
 SPEC = "worker.json"
 TRIAL = "trial.json"            # the kernel configuration being measured now, for a crash's blame
+START_TIMEOUT_S = 300.0         # imports, a CUDA context, the region's tensors
 MIN_TIMEOUT_S = 120.0           # a candidate's first compile and check can take this long on a GPU
 TIMEOUT_FACTOR = 5              # ... and never less than this many times the slowest one so far
 
@@ -55,9 +58,9 @@ class IsolatedEvaluate:
         self._slowest = 0.0
         self._proc: subprocess.Popen | None = None
         self._lines: queue.Queue = queue.Queue()
+        self._stderr: list[str] = []      # the worker's last lines, for a crash's detail
 
     def __call__(self, outputs, variant: str) -> Outcome:
-        from ..ir import Graph
         program = graph_to_json(Graph(inputs=[], outputs=list(outputs), weights={}, symbols={}))
         left = self.deadline.remaining() if self.deadline is not None else None
         request = json.dumps({"program": program, "variant": variant, "seconds_left": left})
@@ -88,7 +91,6 @@ class IsolatedEvaluate:
             self._proc.kill()
             self._proc.wait()
             self._proc = None
-        import shutil
         shutil.rmtree(self.folder.parent, ignore_errors=True)
 
     # --- the worker's life --------------------------------------------------------------------
@@ -102,10 +104,16 @@ class IsolatedEvaluate:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", f"{__package__}.worker", str(self.folder)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self._lines = queue.Queue()
-        self._stderr: list[str] = []
+        self._lines, self._stderr = queue.Queue(), []
         threading.Thread(target=_pump, args=(self._proc.stdout, self._lines), daemon=True).start()
         threading.Thread(target=_keep, args=(self._proc.stderr, self._stderr), daemon=True).start()
+        # start-up (imports, the backend, the region's tensors) is not the candidate's time
+        try:
+            ready = self._lines.get(timeout=START_TIMEOUT_S)
+        except queue.Empty:
+            ready = None
+        if ready is None:
+            raise KilnError(f"kiln: the measuring worker process did not start: {self._exit_text()}")
 
     def _lost(self, status: str, detail: str) -> Outcome:
         """The worker died or hung: blame the kernel configuration it was measuring, if any,
@@ -126,6 +134,8 @@ class IsolatedEvaluate:
         return Outcome(status, None, detail)
 
     def _exit_text(self) -> str:
+        if self._proc.poll() is None:
+            self._proc.kill()
         code = self._proc.wait()
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
         tail = "".join(self._stderr)[-400:].strip()
@@ -158,6 +168,8 @@ def serve(folder: Path) -> None:
     trial = folder.parent / TRIAL
     measurer = Measurer(make_backend(spec["backend"]), TuneDB(spec["db"]), spec["fingerprint"], region,
                         on_trial=lambda name, config, symbols: _write_trial(trial, name, config, symbols))
+    protocol.write(json.dumps({"ready": True}) + "\n")
+    protocol.flush()
     for line in sys.stdin:
         request = json.loads(line)
         left = request["seconds_left"]
