@@ -4,7 +4,8 @@ A program grows from one to three inputs by random steps drawn from the op table
 (elementwise, comparisons and selects, reductions, casts, views, iotas, gathers, slice updates,
 matmuls as Mul of broadcasts + SumReduce). The steps are biased toward what rewrite rules match:
 constants such as 0, 1, -1 broadcast by views, an operand used twice (`x * x`, `where(c, x, x)`),
-and a step repeated on its own result (`-(-x)`, `permute(permute(x))`). Shapes mix constant and
+a step repeated on its own result (`-(-x)`, `permute(permute(x))`), a constant on either side of
+a comparison, and reductions of what reduction rules take apart. Shapes mix constant and
 symbolic dims; each input draw binds the symbols anew.
 """
 from __future__ import annotations
@@ -188,9 +189,12 @@ class _Builder:
         return Node(op, [x, c]), lambda t: Node(op, [t, c])
 
     def compare(self):
-        x = self.pick()
-        y = self.partner(x, same=0.1)
-        return Node(Op.LESS_THAN, [x, y]), None
+        return self.comparison(self.pick(), same=0.1), None
+
+    def comparison(self, x: Node, same: float) -> Node:
+        """x < y or y < x, with y a partner of x (so a constant on either side)."""
+        y = self.partner(x, same=same)
+        return Node(Op.LESS_THAN, [y, x] if self.coin(0.3) else [x, y])
 
     def where(self):
         a = self.pick(lambda n: n.dtype is not DType.BOOL or self.coin(0.3))
@@ -206,7 +210,7 @@ class _Builder:
         if same and self.coin(0.5):
             cond = self.pick(lambda n: n.dtype is DType.BOOL and n.shape == a.shape)
         else:
-            cond = Node(Op.LESS_THAN, [a, self.partner(a, same=0.0)])
+            cond = self.comparison(a, same=0.0)
         return _not(cond) if self.coin(0.25) else cond
 
     def negate(self):
@@ -214,9 +218,24 @@ class _Builder:
         return _not(c), _not
 
     def reduce(self):
+        """A reduction of a pool term over a random axis, or of a fresh step that reduction rules
+        match: a unary op (max moves across monotone ones), an add or a product (sums distribute,
+        constant factors come out), or a view with a size-1 axis, reduced over that axis."""
         op = self.choice([Op.SUM_REDUCE, Op.MAX_REDUCE])
-        x = self.pick(lambda n: n.rank >= 1)
+        fresh = self.choice(["pool", "unary", "binary", "unit"])
+        if fresh == "unary":
+            x = Node(self.choice(UNARY), [self.pick(lambda n: n.rank >= 1 and n.dtype.is_float)])
+        elif fresh == "binary":
+            x = self.binary()[0]
+        else:
+            x = self.pick(lambda n: n.rank >= 1)
         axis = int(self.rng.integers(x.rank))
+        if fresh == "unit":
+            axis = int(self.rng.integers(x.rank + 1))
+            x = Node(Op.RESHAPE, [x], shape=x.shape[:axis] + (Expr.of(1),) + x.shape[axis:])
+            if self.coin(0.5):  # broadcast along the other size-1 axes, if any
+                grown = tuple(self.dim() if d == 1 and i != axis else d for i, d in enumerate(x.shape))
+                x = Node(Op.EXPAND, [x], shape=grown)
         return Node(op, [x], axis=axis), lambda t: Node(op, [t], axis=min(axis, t.rank - 1))
 
     def cast(self):
@@ -346,7 +365,7 @@ def _least(expr: Expr) -> int:
 
 
 STEPS = {  # step -> weight
-    "binary": 5, "identity": 4, "where": 2.5, "unary": 2, "compare": 1, "negate": 1, "reduce": 2,
+    "binary": 5, "identity": 4, "where": 2.5, "unary": 2, "compare": 1, "negate": 1, "reduce": 4,
     "cast": 1, "permute": 1.5, "reshape": 1.5, "expand": 1.5, "slice": 1, "pad": 1, "concat": 1,
     "iota": 0.5, "matmul": 0.7, "gather": 0.5, "slice_update": 0.5, "viewed_unary": 1.5,
     "expand_twice": 0.5,
