@@ -10,20 +10,23 @@ from ..ir.symbolic import Call, Expr, prod, sym
 Bounds = Mapping[str, tuple[int, int]]   # inclusive ranges of loop variables and symbols
 
 
-def substitute(expr: Expr, env: Mapping[str, Expr]) -> Expr:
-    """expr with the named symbols replaced by expressions (calls rebuilt, so they re-simplify)."""
+def substitute(expr: Expr, env: Mapping[str, Expr], bounds: Bounds | None = None) -> Expr:
+    """expr with the named symbols replaced by expressions (calls rebuilt, so they re-simplify;
+    with `bounds`, divisions also simplify by the ranges of what they divide)."""
     out = Expr.of(0)
     for mono, coeff in expr.terms:
         term = Expr.of(coeff)
         for atom in mono:
             term = term * (env.get(atom, sym(atom)) if isinstance(atom, str)
-                           else _call(atom.fn, [substitute(a, env) for a in atom.args]))
+                           else _call(atom.fn, [substitute(a, env, bounds) for a in atom.args], bounds))
         out = out + term
     return out
 
 
-def _call(fn: str, args: list[Expr]) -> Expr:
+def _call(fn: str, args: list[Expr], bounds: Bounds | None = None) -> Expr:
     a, b = args
+    if bounds is not None and fn in ("floordiv", "mod"):
+        return (floordiv if fn == "floordiv" else mod)(a, b, bounds)
     return {"floordiv": lambda: a // b, "mod": lambda: a % b,
             "max": lambda: a.max(b), "min": lambda: a.min(b)}[fn]()
 

@@ -17,6 +17,7 @@ from ..ir.dtypes import DType
 from ..ir.ops import Op
 from ..ir.serialize import expr_from_json, expr_to_json
 from ..ir.symbolic import Expr
+from .index import substitute
 from .kernel import Apply, Kernel, Load, Reduce, Scalar
 
 
@@ -37,30 +38,32 @@ class LibraryConfig:
 
 @dataclass(frozen=True)
 class Operand:
-    """A strided view of a buffer: element offset, and a stride (elements) per variable."""
+    """A strided view of a buffer: element offset, and a stride (elements) per variable; both
+    may depend on the graph's symbols (a [heads, seq, dim] layout read as [seq, heads * dim])."""
     buffer: str
     dtype: DType
     offset: Expr
-    strides: dict[str, int]
+    strides: dict[str, Expr]
 
     def to_json(self) -> dict:
         return {"buffer": self.buffer, "dtype": self.dtype.value, "offset": expr_to_json(self.offset),
-                "strides": self.strides}
+                "strides": {v: expr_to_json(e) for v, e in self.strides.items()}}
 
     @staticmethod
     def from_json(data: dict) -> Operand:
         return Operand(data["buffer"], DType(data["dtype"]), expr_from_json(data["offset"]),
-                       {k: int(v) for k, v in data["strides"].items()})
+                       {k: expr_from_json(v) for k, v in data["strides"].items()})
 
 
 @dataclass(frozen=True)
 class Gemm:
     """out[batch, m, n] = sum_k a[batch, m, k] * b[batch, k, n]; each group of variables in
-    loop order, `extents` the sizes of every variable, k included."""
+    loop order, `extents` the sizes of every variable. The reduction may be over several
+    variables (a reduction index split by a division into its quotient and remainder)."""
     batch: tuple[str, ...]
     m: tuple[str, ...]
     n: tuple[str, ...]
-    k: str
+    k: tuple[str, ...]
     extents: dict[str, Expr]
     a: Operand
     b: Operand
@@ -80,7 +83,7 @@ class Gemm:
     @staticmethod
     def from_source(source: str) -> Gemm:
         d = json.loads(source)
-        return Gemm(tuple(d["batch"]), tuple(d["m"]), tuple(d["n"]), d["k"],
+        return Gemm(tuple(d["batch"]), tuple(d["m"]), tuple(d["n"]), tuple(d["k"]),
                     {v: expr_from_json(e) for v, e in d["extents"].items()},
                     Operand.from_json(d["a"]), Operand.from_json(d["b"]), Operand.from_json(d["out"]),
                     tuple(d["symbols"]))
@@ -109,29 +112,51 @@ def as_gemm(kernel: Kernel) -> Gemm | None:
     loads = [_float_load(x) for x in value.body.args]
     if None in loads:
         return None
+    k, extents = _split_reduction(value, [l.index for l in loads])
+    indices = [substitute(l.index, k.env, k.bounds) for l in loads]
     loops = [v for v, _ in kernel.loops]
-    allowed = set(loops) | {value.var} | set(kernel.symbols)
-    terms = [_affine(l.index, loops + [value.var], allowed) for l in loads]
+    allowed = set(loops) | set(k.vars) | set(kernel.symbols)
+    terms = [_affine(i, loops + list(k.vars), allowed) for i in indices]
     store = _affine(kernel.store, loops, allowed)
     if None in terms or store is None:
         return None
     (a_off, a_str), (b_off, b_str) = terms
-    k = value.var
-    if not a_str.get(k) or not b_str.get(k):
+    if any(v not in a_str or v not in b_str for v in k.vars):
         return None
     groups: dict[str, list[str]] = {"batch": [], "m": [], "n": []}
     for v in loops:
-        role = {(True, True): "batch", (True, False): "m", (False, True): "n"}.get(
-            (bool(a_str.get(v)), bool(b_str.get(v))))
+        role = {(True, True): "batch", (True, False): "m", (False, True): "n"}.get((v in a_str, v in b_str))
         if role is None:          # an output axis neither operand reads: a broadcast, not a GEMM
             return None
         groups[role].append(v)
-    extents = {v: e for v, e in kernel.loops} | {k: value.extent}
     (a_load, b_load) = loads
-    return Gemm(tuple(groups["batch"]), tuple(groups["m"]), tuple(groups["n"]), k, extents,
+    return Gemm(tuple(groups["batch"]), tuple(groups["m"]), tuple(groups["n"]), k.vars,
+                {v: e for v, e in kernel.loops} | extents,
                 Operand(a_load.buffer, a_load.dtype, a_off, a_str),
                 Operand(b_load.buffer, b_load.dtype, b_off, b_str),
                 Operand(kernel.output.name, kernel.output.dtype, store[0], store[1]), kernel.symbols)
+
+
+@dataclass(frozen=True)
+class _Split:
+    vars: tuple[str, ...]
+    env: dict[str, Expr]                    # the reduction variable in terms of vars
+    bounds: dict[str, tuple[int, int]]
+
+
+def _split_reduction(reduce: Reduce, indices: list[Expr]) -> tuple[_Split, dict[str, Expr]]:
+    """The reduction variable r, or, where an index divides it by a constant c that divides its
+    extent, r = c * q + m over two variables (the division and remainder then vanish)."""
+    r, extent = reduce.var, reduce.extent
+    divisors = {a.args[1].value for i in indices for mono, _ in i.terms for a in mono
+                if not isinstance(a, str) and a.fn in ("floordiv", "mod") and a.args[0] == Expr.of(r)
+                and a.args[1].is_const}
+    if len(divisors) != 1 or not extent.is_const or extent.value % next(iter(divisors)):
+        return _Split((r,), {}, {}), {r: extent}
+    c = divisors.pop()
+    q, m = f"{r}_q", f"{r}_m"
+    split = _Split((q, m), {r: Expr.of(q) * c + Expr.of(m)}, {q: (0, extent.value // c - 1), m: (0, c - 1)})
+    return split, {q: Expr.of(extent.value // c), m: Expr.of(c)}
 
 
 def _float_load(s: Scalar) -> Load | None:
@@ -140,21 +165,18 @@ def _float_load(s: Scalar) -> Load | None:
     return s if isinstance(s, Load) and s.dtype.is_float else None
 
 
-def _affine(index: Expr, variables: list[str], allowed: set[str]) -> tuple[Expr, dict[str, int]] | None:
-    """index = offset + sum(stride * variable), strides constant, the offset over symbols only."""
-    strides: dict[str, int] = {}
+def _affine(index: Expr, variables: list[str], allowed: set[str]) -> tuple[Expr, dict[str, Expr]] | None:
+    """index = offset + sum(stride * variable), strides and offset over the graph's symbols."""
+    strides: dict[str, dict] = {}
     offset: dict = {}
     for mono, coeff in index.terms:
         names = set().union(*(a.symbols() if not isinstance(a, str) else {a} for a in mono))
         if not names <= allowed:
             return None       # a gathered value or a loop variable of another kernel
         used = [a for a in mono if isinstance(a, str) and a in variables]
-        if not used:
-            if names & set(variables):
-                return None   # a variable inside a call (a floor division): not a stride
-            offset[mono] = coeff
-        elif len(mono) == 1:
-            strides[used[0]] = strides.get(used[0], 0) + coeff
-        else:
-            return None       # a stride that depends on a symbol, or a product of variables
-    return Expr(offset), {v: c for v, c in strides.items() if c}
+        rest = tuple(a for a in mono if not (isinstance(a, str) and a in variables))
+        if len(used) > 1 or any(not isinstance(a, str) and a.symbols() & set(variables) for a in rest):
+            return None       # a product of variables, or a variable inside a division
+        target = strides.setdefault(used[0], {}) if used else offset
+        target[rest] = target.get(rest, 0) + coeff
+    return Expr(offset), {v: Expr(t) for v, t in strides.items() if Expr(t) != Expr.of(0)}

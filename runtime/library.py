@@ -38,14 +38,14 @@ class LibraryKernel:
 
         def view(operand, order):
             offset = operand.offset.evaluate(env)
-            count = offset + 1 + sum((extent[v] - 1) * operand.strides.get(v, 0) for v in order)
+            strides = [operand.strides[v].evaluate(env) if v in operand.strides else 0 for v in order]
+            count = offset + 1 + sum((extent[v] - 1) * s for v, s in zip(order, strides))
             base = io.flat(args[operand.buffer], operand.dtype, count)[offset:]
             return io.xp.lib.stride_tricks.as_strided(
-                base, shape=[extent[v] for v in order],
-                strides=[operand.strides.get(v, 0) * base.itemsize for v in order])
+                base, shape=[extent[v] for v in order], strides=[s * base.itemsize for s in strides])
         batch = [extent[v] for v in g.batch]
-        m, n = math.prod(extent[v] for v in g.m), math.prod(extent[v] for v in g.n)
-        a = io.to_f32(view(g.a, (*g.batch, *g.m, g.k)), g.a.dtype).reshape(*batch, m, extent[g.k])
-        b = io.to_f32(view(g.b, (*g.batch, g.k, *g.n)), g.b.dtype).reshape(*batch, extent[g.k], n)
+        m, n, k = (math.prod(extent[v] for v in group) for group in (g.m, g.n, g.k))
+        a = io.to_f32(view(g.a, (*g.batch, *g.m, *g.k)), g.a.dtype).reshape(*batch, m, k)
+        b = io.to_f32(view(g.b, (*g.batch, *g.k, *g.n)), g.b.dtype).reshape(*batch, k, n)
         product = io.xp.matmul(a, b).reshape([extent[v] for v in (*g.batch, *g.m, *g.n)])
         view(g.out, (*g.batch, *g.m, *g.n))[...] = io.from_f32(product, g.out.dtype)

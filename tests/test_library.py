@@ -46,19 +46,25 @@ def cases():
     yield "bf16", [xb], matmul(xb, wb), values
     xs = inp("xs", (sym("t"), 12))
     ws, values = weight("ws", (12, 10))
+    heads = inp("heads", (3, sym("t"), 8))                                # attention output, per head
+    merged = reshape(permute(heads, (1, 0, 2)), (sym("t"), 24))
+    wo, wo_values = weight("wo", (5, 24))
+    yield "split-reduction", [heads], matmul(merged, permute(wo, (1, 0))), wo_values
     yield "symbolic", [xs], elementwise(Op.ADD, matmul(xs, ws), reduce(Op.SUM_REDUCE, xs, [1], keepdim=True)), \
         values
 
 
 @pytest.mark.parametrize("case", list(cases()), ids=lambda c: c[0])
 def test_gemm_kernels_run_as_a_library_call_and_equal_the_reference(case):
-    _, inputs, out, weights = case
+    name, inputs, out, weights = case
     graph = Graph(inputs, [out], weights=weights, symbols={"t": (1, 16)})
     program = schedule(graph, FusionPolicy(4, 0))
     backend = CpuBackend()
     gemms = [k for k in program.kernels if as_gemm(k)]
     assert gemms, "the matrix product was not recognized"
     assert all(LibraryConfig() in backend.config_space(k) for k in gemms)
+    if name == "split-reduction":    # k = 8 * head + d: the division by 8 became two variables
+        assert [len(as_gemm(k).k) for k in gemms] == [2]
     configs = [LibraryConfig() if as_gemm(k) else KernelConfig() for k in program.kernels]
     executor = Executor(graph, program, configs, backend)
     rng = np.random.default_rng(1)
