@@ -64,6 +64,7 @@ class CpuBackend:
 
     def __init__(self):
         self._libs: dict[str, ctypes.CDLL] = {}
+        _single_threaded_blas()
 
     def compile(self, functions: dict[str, str]) -> dict[str, ctypes._CFuncPtr]:
         """Compile kernel functions (name -> C source; the name is the source's hash) and return
@@ -215,3 +216,13 @@ def _host_array(pointer: ctypes.c_void_p, dtype: DType, count: int) -> np.ndarra
 # numpy computes bf16 and f16 through f32 copies (ml_dtypes and numpy convert)
 _HOST = ArrayInterop(np, _host_array, lambda a, dtype: a.astype(np.float32, copy=False),
                      lambda a, dtype: a.astype(dtype.np, copy=False))
+
+
+def _single_threaded_blas() -> None:
+    """Library kernels (numpy's BLAS) run between OpenMP kernels. BLAS threads keep spinning
+    after a call and take the cores the next kernel's threads need: SmolLM2's prefill on 2 cores
+    ran 4x slower end to end than its kernels timed one by one. With one BLAS thread it ran as
+    fast as PyTorch eager, and decode faster too. This holds for the whole process (numpy's BLAS
+    is the process's), and the tuner measures under the same setting."""
+    from threadpoolctl import threadpool_limits
+    threadpool_limits(limits=1, user_api="blas")
