@@ -64,16 +64,6 @@ def test_reordered_reductions_stay_small():
     assert stage.stop == "saturated" and stage.enodes == 1 + 32
 
 
-@pytest.mark.slow
-def test_new_rules_fire_on_smollm2_decode(smollm2_lowered):
-    """On the real model's decode graph the safe softmax compares scores with -inf in every layer:
-    the compare analysis folds that mask to false and algebra drops the `or false`."""
-    result = saturate(smollm2_lowered.decode.outputs, list(library().values()))
-    fired = {name: n for stage in result.stages for name, n in stage.matches.items()}
-    assert fired["compare/less-than-minus-inf"] >= 30 and fired["algebra/add-false"] >= 30
-    assert all(not stage.stop.startswith("crashed") for stage in result.stages)
-
-
 def test_the_whole_library_together_is_sound():
     report = check(list(library().values()), seed=1)
     assert report.ok, report.format()
