@@ -248,9 +248,11 @@ class _CudaBody(_Body):
             block.extend("  " + line for line in outer + inner)
             block.append(f"  {update}")
             block.append("}")
+        # every lane shuffles exactly once per step, outside the combine's branches: a shuffle
+        # that only some lanes reach never completes (the max's `||` and `?:` branch per lane)
         for offset in _halvings(min(group, 32)):
-            other = f"__shfl_xor_sync(0xffffffffu, {acc}, {offset})"
-            block.append(f"{acc} = {combine.format(a=acc, b=other)};")
+            block.append(f"{{ const {acc_type} kiln_other = __shfl_xor_sync(0xffffffffu, {acc}, {offset}); "
+                         f"{acc} = {combine.format(a=acc, b='kiln_other')}; }}")
         if group > 32:   # one value per warp through shared memory, then every thread combines them
             shared = f"kiln_shared{self.count}"
             self.shared.append(f"__shared__ {acc_type} {shared}[{group // 32}];")

@@ -41,6 +41,25 @@ def _prefill_rate(run, length: int, repeats: int = 5) -> float:
     return length / statistics.median(times)
 
 
+def _copy_bandwidth() -> float:
+    """Bytes per second (read plus written) of a 1 GiB device-to-device copy."""
+    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    return 2 * src.numel() * 4 * 20 / (time.perf_counter() - t0)
+
+
+def _log(result: dict, *keys: str) -> None:
+    """Each figure as soon as it is measured: a later failure loses none of them."""
+    print("  " + ", ".join(f"{k} {result[k]:.4g}" for k in keys), flush=True)
+
+
 def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch_compile: bool,
             db: str | None, lowered_path: str | None = None, prefill: int = 512) -> dict:
     from .driver import compile_lm
@@ -56,12 +75,16 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
     result = {"model": spec, "dtype": dtype, "max_seq": max_seq, "tokens": tokens, "prefill_tokens": prefill,
               "weight_bytes": weight_bytes, "gpu": torch.cuda.get_device_name()}
 
+    result["copy_bytes_per_s"] = _copy_bandwidth()
+    _log(result, "copy_bytes_per_s")
+
     # Kiln first: its compile lowers on the CPU copy of the model
     t0 = time.perf_counter()
     lowered = hf.load_lowered(lowered_path, model) if lowered_path else None
     compiled = compile_lm(model, max_seq=max_seq, backend="cuda", budget=budget, db=db, progress=False,
                           lowered=lowered)
     result["kiln_compile_s"] = time.perf_counter() - t0
+    _log(result, "kiln_compile_s")
     decode = compiled.graphs["decode"]
     caches = compiled._zero_caches()
     kiln_logits = []
@@ -73,7 +96,9 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
     result["kiln_decode_tokens_per_s"] = _decode_rate(kiln_step, tokens)
     result["kiln_kernels_per_token"] = decode.kernel_count
     result["kiln_decode_replays_a_graph"] = decode._recording is not None
+    _log(result, "kiln_decode_tokens_per_s", "kiln_kernels_per_token")
     result["kiln_prefill_tokens_per_s"] = _prefill_rate(lambda: compiled.graphs["prefill"](prompt), prefill)
+    _log(result, "kiln_prefill_tokens_per_s")
     result["kiln_report"] = compiled.report
 
     gpu_model = model.cuda()
@@ -95,6 +120,7 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
         with torch.no_grad():
             fn(input_ids=torch_prompt, use_cache=False)
     result["eager_prefill_tokens_per_s"] = _prefill_rate(eager_prefill, prefill)
+    _log(result, "eager_decode_tokens_per_s", "eager_prefill_tokens_per_s")
     n = min(len(kiln_logits), len(eager_logits))
     result["kiln_vs_eager_rel_error"] = max(
         float(np.linalg.norm(kiln_logits[i].astype(np.float32) - eager_logits[i]) /
@@ -108,22 +134,13 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
         result["torch_compile_s"] = time.perf_counter() - t0
         result["torch_compile_decode_tokens_per_s"] = _decode_rate(
             lambda k: eager(k, compiled_step), tokens)
+        _log(result, "torch_compile_s", "torch_compile_decode_tokens_per_s")
         t0 = time.perf_counter()
         compiled_model = torch.compile(gpu_model, mode="max-autotune", fullgraph=False)
         eager_prefill(compiled_model)
         result["torch_compile_prefill_compile_s"] = time.perf_counter() - t0
         result["torch_compile_prefill_tokens_per_s"] = _prefill_rate(lambda: eager_prefill(compiled_model), prefill)
 
-    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(20):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    result["copy_bytes_per_s"] = 2 * src.numel() * 4 * 20 / (time.perf_counter() - t0)
     bound = result["copy_bytes_per_s"] / weight_bytes
     result["bandwidth_bound_tokens_per_s"] = bound
     for system in ("eager", "torch_compile", "kiln"):

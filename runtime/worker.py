@@ -1,8 +1,14 @@
 """Candidates checked and timed in a worker process, so that a kernel which crashes (a segfault,
 an illegal address that poisons the CUDA context) or hangs takes down only the worker: the
-candidate is recorded as "crash" or "timeout", the kernel configuration being measured at the
-time is recorded as failed so that no later candidate tries it again, and a fresh worker takes
-the next candidate.
+kernel configuration being measured at the time is recorded as failed so that no later candidate
+tries it again, and a fresh worker takes over. Where that configuration was one the search tried
+on its own (not the default every candidate is first checked with), the candidate itself is not
+to blame: the fresh worker takes it again, without that configuration. Otherwise the candidate is
+recorded as "crash" or "timeout".
+
+A hang is noticed twice over: a candidate gets at least `timeout_s` in all, and one kernel
+configuration's check and timing at most `trial_timeout_s` (GPU kernels take microseconds: a
+configuration that runs for many seconds is stuck, not slow).
 
 Parent and worker speak JSON lines over the worker's stdin and stdout. The region travels as an
 artifact folder (graph JSON and safetensors, never pickle); measurements go straight from the
@@ -35,15 +41,19 @@ TRIAL = "trial.json"            # the kernel configuration being measured now, f
 START_TIMEOUT_S = 300.0         # imports, a CUDA context, the region's tensors
 MIN_TIMEOUT_S = 120.0           # a candidate's first compile and check can take this long on a GPU
 TIMEOUT_FACTOR = 5              # ... and never less than this many times the slowest one so far
+TRIAL_TIMEOUT_S = 30.0          # one kernel configuration's check and timing
+RETRIES = 3                     # fresh workers a candidate gets while its faults are not its own
 
 
 class IsolatedEvaluate:
     """`evaluate(outputs, variant) -> Outcome` for the tuner, run in a worker process."""
 
     def __init__(self, backend_name: str, db_path: Path, fingerprint: str, region: Region,
-                 deadline: Deadline | None = None, timeout_s: float = MIN_TIMEOUT_S):
-        """`timeout_s`: the least time a candidate gets before its worker is taken for hung."""
-        self.deadline, self.min_timeout_s = deadline, timeout_s
+                 deadline: Deadline | None = None, timeout_s: float = MIN_TIMEOUT_S,
+                 trial_timeout_s: float = TRIAL_TIMEOUT_S):
+        """`timeout_s`: the least time a candidate gets before its worker is taken for hung;
+        `trial_timeout_s`: the most one kernel configuration's check and timing may take."""
+        self.deadline, self.min_timeout_s, self.trial_timeout_s = deadline, timeout_s, trial_timeout_s
         self.folder = Path(tempfile.mkdtemp(prefix="kiln-worker-")) / "region"
         tensors = {**{f"weight/{k}": v for k, v in region.weights.items()},
                    **{f"arg/{i}": a for i, a in enumerate(region.args)},
@@ -62,6 +72,14 @@ class IsolatedEvaluate:
 
     def __call__(self, outputs, variant: str) -> Outcome:
         program = graph_to_json(Graph(inputs=[], outputs=list(outputs), weights={}, symbols={}))
+        for _ in range(RETRIES):
+            outcome, retry = self._attempt(program, variant)
+            if not retry:
+                break
+        return outcome
+
+    def _attempt(self, program: dict, variant: str) -> tuple[Outcome, bool]:
+        """The candidate's outcome, and whether to take it again (a fault that was not its own)."""
         left = self.deadline.remaining() if self.deadline is not None else None
         request = json.dumps({"program": program, "variant": variant, "seconds_left": left})
         self._ensure_started()
@@ -73,10 +91,16 @@ class IsolatedEvaluate:
         except (BrokenPipeError, OSError):
             return self._lost("crash", "the worker process exited before taking the candidate")
         timeout = max(self.min_timeout_s, TIMEOUT_FACTOR * self._slowest)
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            return self._lost("timeout", f"no answer within {timeout:.0f} s")
+        while True:
+            try:
+                line = self._lines.get(timeout=1.0)
+                break
+            except queue.Empty:
+                stuck = self._trial_seconds()
+                if stuck is not None and stuck > self.trial_timeout_s:
+                    return self._lost("timeout", f"one kernel configuration ran {stuck:.0f} s")
+                if time.monotonic() - start > timeout:
+                    return self._lost("timeout", f"no answer within {timeout:.0f} s")
         if line is None:
             return self._lost("crash", self._exit_text())
         self._slowest = max(self._slowest, time.monotonic() - start)
@@ -84,7 +108,7 @@ class IsolatedEvaluate:
         if "error" in reply:
             raise KilnError(reply["error"])
         self.kernels_measured += reply["kernels_measured"]
-        return Outcome(reply["status"], reply["estimate_s"], reply["detail"])
+        return Outcome(reply["status"], reply["estimate_s"], reply["detail"]), False
 
     def close(self) -> None:
         if self._proc is not None:
@@ -97,6 +121,13 @@ class IsolatedEvaluate:
     @property
     def _trial_path(self) -> Path:
         return self.folder.parent / TRIAL
+
+    def _trial_seconds(self) -> float | None:
+        """How long the kernel configuration being measured has run, if one is."""
+        try:
+            return time.time() - self._trial_path.stat().st_mtime
+        except FileNotFoundError:
+            return None
 
     def _ensure_started(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -115,14 +146,16 @@ class IsolatedEvaluate:
         if ready is None:
             raise KilnError(f"kiln: the measuring worker process did not start: {self._exit_text()}")
 
-    def _lost(self, status: str, detail: str) -> Outcome:
+    def _lost(self, status: str, detail: str) -> tuple[Outcome, bool]:
         """The worker died or hung: blame the kernel configuration it was measuring, if any,
-        and start afresh with the next candidate."""
+        and start afresh; the candidate is taken again where that configuration was not the
+        default one."""
         if self._proc.poll() is None:
             self._proc.kill()
         self._proc.wait()
         self._proc = None
         self.restarts += 1
+        retry = False
         if self._trial_path.exists():
             from ..search.tunedb import TuneDB
             trial = json.loads(self._trial_path.read_text())
@@ -131,7 +164,8 @@ class IsolatedEvaluate:
                                      status, detail)
             db.close()
             detail += f"; while measuring kernel {trial['name']} in configuration {trial['config']}"
-        return Outcome(status, None, detail)
+            retry = not trial["default"]
+        return Outcome(status, None, detail), retry
 
     def _exit_text(self) -> str:
         if self._proc.poll() is None:
@@ -166,8 +200,11 @@ def serve(folder: Path) -> None:
     region = Region(graph.inputs, weights, graph.symbols, [tensors[f"arg/{i}"] for i in range(spec["args"])],
                     [tensors[f"want/{i}"] for i in range(spec["want"])])
     trial = folder.parent / TRIAL
-    measurer = Measurer(make_backend(spec["backend"]), TuneDB(spec["db"]), spec["fingerprint"], region,
-                        on_trial=lambda name, config, symbols: _write_trial(trial, name, config, symbols))
+    backend = make_backend(spec["backend"])
+    default = backend.default_config().key()
+    measurer = Measurer(backend, TuneDB(spec["db"]), spec["fingerprint"], region,
+                        on_trial=lambda name, config, symbols: _write_trial(trial, name, config, symbols,
+                                                                           config == default))
     protocol.write(json.dumps({"ready": True}) + "\n")
     protocol.flush()
     for line in sys.stdin:
@@ -189,8 +226,8 @@ def serve(folder: Path) -> None:
         protocol.flush()
 
 
-def _write_trial(path: Path, name: str, config: str, symbols: dict) -> None:
-    path.write_text(json.dumps({"name": name, "config": config, "symbols": symbols}))
+def _write_trial(path: Path, name: str, config: str, symbols: dict, default: bool) -> None:
+    path.write_text(json.dumps({"name": name, "config": config, "symbols": symbols, "default": default}))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 # diagnostics of small lowered models, then the side-by-side bench on the lowered Llama-3.2-1B
 # (arguments go to `kiln bench gpu`). Logs under $OUT. The tuning database lives in build/ (kept
 # while the machine stays warm), so a second call re-measures nothing.
-#   STEPS="tests debug bench" (default all); TEST_TIMEOUT, DEBUG_TIMEOUT, BENCH_TIMEOUT in seconds.
+#   STEPS="tests debug bench" (default all); TEST_TIMEOUT (each test), DEBUG_TIMEOUT, BENCH_TIMEOUT
+#   in seconds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}; mkdir -p "$out" build
@@ -12,9 +13,11 @@ mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/kiln
 export PYTHONPATH=/tmp/pkg:/tmp/site:$PWD PYTHONUNBUFFERED=1 KILN_TEST_LOWERED=$PWD/lowered
 steps=${STEPS:-tests debug bench}
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
-if [[ $steps == *tests* ]]; then
-  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py 2>&1 \
-    | tee "$out/test_cuda.log" | tail -15
+if [[ $steps == *tests* ]]; then   # one test at a time, so that one that hangs loses only itself
+  for test in $(grep -A1 '^@needs_gpu' tests/test_cuda.py | grep -o 'def test_[a-z0-9_]*' | cut -c5-); do
+    timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -rs --tb=short \
+      "tests/test_cuda.py::$test" 2>&1 | tail -25 | tee -a "$out/test_cuda.log"
+  done
 fi
 if [[ $steps == *debug* ]]; then
   timeout "${DEBUG_TIMEOUT:-150}" python3 scripts/gpu_debug.py ${DEBUG_MODELS:-lowered/tiny2_f32 lowered/tiny2_bf16} \
@@ -24,3 +27,14 @@ if [[ $steps == *bench* ]]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 -m kiln.cli bench gpu --lowered lowered/llama1b --db build/gpu-tune.sqlite \
     --json "$out/bench.json" "$@" 2>&1 | grep -v Warning | tee "$out/bench.log" | tail -25
 fi
+python3 - <<'PY' 2>/dev/null | tee "$out/failures.txt"
+import sqlite3
+db = sqlite3.connect("build/gpu-tune.sqlite")
+for row in db.execute("SELECT source_hash, config, reason, substr(detail, 1, 200) FROM kernel_failures"):
+    print("kernel failure:", *row)
+for row in db.execute("SELECT region, candidate_hash, status, substr(detail, 1, 200) FROM candidates "
+                      "WHERE status != 'ok'"):
+    print("candidate rejected:", *row)
+PY
+# the tuning database comes back, to be carried in build/ by the next call
+cp build/gpu-tune.sqlite "$out/" 2>/dev/null

@@ -77,6 +77,16 @@ def test_every_template_configuration_compiles_with_nvcc(tiny_kernels, tmp_path)
     assert "ld.global.v4" in ptx or "ld.global.nc.v4" in ptx     # the 16-byte vector loads are there
 
 
+def test_every_lane_reaches_every_warp_shuffle(tiny_kernels):
+    """A full-mask shuffle that only some lanes reach never completes: a max's combine branches
+    per lane, so the shuffle must be taken once, in a statement of its own, before it."""
+    shuffles = [line.strip() for k in tiny_kernels for c in config_space(k) if c.group > 1
+                for line in emit_cuda(k, c, "k").splitlines() if "__shfl" in line]
+    assert any("MaxReduce" in k.label for k in tiny_kernels) and shuffles
+    for line in shuffles:
+        assert line.count("__shfl") == 1 and line.startswith("{ const ") and "kiln_other = __shfl" in line, line
+
+
 def _golden_cases(kernels):
     """A GEMV-like reduction (the widest kernel with a reduction) and an elementwise kernel."""
     from kiln.codegen.cuda_emit import top_reduce

@@ -35,15 +35,16 @@ def _region() -> Region:
     return Region([x], weights, {}, args, want), [out]
 
 
-def _plant(cache, body: str) -> tuple[str, str]:
-    """Replace the compiled kernel of the first kernel's first generated configuration after the
-    default (the default has been checked by then) by a function with `body`; returns its name
-    and configuration."""
+def _plant(cache, body: str, default: bool = False) -> tuple[str, str]:
+    """Replace the compiled kernel of the first kernel's default configuration, or of its first
+    generated configuration after the default, by a function with `body`; returns its name and
+    configuration."""
     region, outputs = _region()
     program = schedule(region.graph(outputs), POLICIES[VARIANT])
     kernel = program.kernels[0]
     backend = CpuBackend()
-    config = next(c for c in backend.config_space(kernel)[1:] if isinstance(c, KernelConfig))
+    config = backend.default_config() if default else next(
+        c for c in backend.config_space(kernel)[1:] if isinstance(c, KernelConfig))
     name, _ = backend.render(kernel, config)
     so = cache / "planted.so"
     src = cache / "planted.c"
@@ -63,18 +64,35 @@ def test_a_faulting_kernel_costs_only_its_candidate_and_configuration(tmp_path, 
     planted, config = _plant(cache_dir(), body)
     region, outputs = _region()
     db_path = tmp_path / "tune.sqlite"
-    evaluate_ = IsolatedEvaluate("cpu", db_path, "test-machine", region, timeout_s=10)
+    # the hang is caught by the per-configuration limit, well before the candidate's
+    evaluate_ = IsolatedEvaluate("cpu", db_path, "test-machine", region, timeout_s=60, trial_timeout_s=5)
     try:
-        first = evaluate_(outputs, VARIANT)
-        assert first.status == status, first
-        assert planted in first.detail
-        with TuneDB(db_path) as db:
-            assert db.kernel_failure("test-machine", planted, config, {})[0] == status
-        # a fresh worker takes the same candidate, skips the failed configuration, times the rest
-        second = evaluate_(outputs, VARIANT)
-        assert second.status == "ok", second
-        assert second.estimate_s > 0
+        # the fault is the configuration's, not the candidate's: a fresh worker takes the same
+        # candidate, skips the failed configuration and times the rest
+        outcome = evaluate_(outputs, VARIANT)
+        assert outcome.status == "ok", outcome
+        assert outcome.estimate_s > 0
         assert evaluate_.restarts == 1
         assert evaluate_.kernels_measured >= 2
+        with TuneDB(db_path) as db:
+            failure = db.kernel_failure("test-machine", planted, config, {})
+        assert failure[0] == status, failure
+        # later candidates never run it again
+        assert evaluate_(outputs, VARIANT).status == "ok"
+        assert evaluate_.restarts == 1
+    finally:
+        evaluate_.close()
+
+
+def test_a_candidate_whose_default_kernel_crashes_is_rejected(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path))
+    _plant(cache_dir(), "*(volatile int*)0 = 1;", default=True)
+    region, outputs = _region()
+    evaluate_ = IsolatedEvaluate("cpu", tmp_path / "tune.sqlite", "test-machine", region, timeout_s=60)
+    try:
+        outcome = evaluate_(outputs, VARIANT)
+        assert outcome.status == "crash", outcome
+        assert "SIGSEGV" in outcome.detail
+        assert evaluate_.restarts == 1
     finally:
         evaluate_.close()

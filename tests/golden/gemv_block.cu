@@ -12,11 +12,11 @@ extern "C" __global__ void __launch_bounds__(256) gemv_block(float* __restrict__
       const float t4 = (t1 * t3);
       acc5 = acc5 + (float)t4;
     }
-    acc5 = acc5 + __shfl_xor_sync(0xffffffffu, acc5, 16);
-    acc5 = acc5 + __shfl_xor_sync(0xffffffffu, acc5, 8);
-    acc5 = acc5 + __shfl_xor_sync(0xffffffffu, acc5, 4);
-    acc5 = acc5 + __shfl_xor_sync(0xffffffffu, acc5, 2);
-    acc5 = acc5 + __shfl_xor_sync(0xffffffffu, acc5, 1);
+    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc5, 16); acc5 = acc5 + kiln_other; }
+    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc5, 8); acc5 = acc5 + kiln_other; }
+    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc5, 4); acc5 = acc5 + kiln_other; }
+    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc5, 2); acc5 = acc5 + kiln_other; }
+    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc5, 1); acc5 = acc5 + kiln_other; }
     if ((threadIdx.x & 31) == 0) kiln_shared5[kiln_lane >> 5] = acc5;
     __syncthreads();
     acc5 = kiln_shared5[0];

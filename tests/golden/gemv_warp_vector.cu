@@ -15,11 +15,11 @@ extern "C" __global__ void __launch_bounds__(256) gemv_warp_vector(float* __rest
         acc5 = acc5 + (float)t4;
       }
     }
-    acc5 = acc5 + __shfl_xor_sync(0xffffffffu, acc5, 16);
-    acc5 = acc5 + __shfl_xor_sync(0xffffffffu, acc5, 8);
-    acc5 = acc5 + __shfl_xor_sync(0xffffffffu, acc5, 4);
-    acc5 = acc5 + __shfl_xor_sync(0xffffffffu, acc5, 2);
-    acc5 = acc5 + __shfl_xor_sync(0xffffffffu, acc5, 1);
+    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc5, 16); acc5 = acc5 + kiln_other; }
+    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc5, 8); acc5 = acc5 + kiln_other; }
+    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc5, 4); acc5 = acc5 + kiln_other; }
+    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc5, 2); acc5 = acc5 + kiln_other; }
+    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc5, 1); acc5 = acc5 + kiln_other; }
     const float t6 = (float)acc5;
     if (kiln_lane == 0) b47[(i1)] = t6;
   }
