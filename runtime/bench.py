@@ -38,7 +38,7 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
     steps = rng.integers(0, info["vocab_size"], size=tokens + 2)
 
     # Kiln, then eager, in separate blocks: each one's idle threads spin on the cores the other needs
-    prefill_graph, decode_graph = compiled.graphs["prefill"], compiled.graphs["decode"]
+    prefill_graph, decode_graph = compiled.prefill_graph(prompt_len), compiled.graphs["decode"]
     kiln_prefill = _median_time(lambda: prefill_graph(prompt), 3)
     _, *caches = prefill_graph(prompt)
     caches = [np.require(c, requirements="CW") for c in caches]

@@ -23,7 +23,8 @@ from .compiler import CompiledGraph, GraphReport, compile_graph
 from .hardware import fingerprint_id
 from .model import CompiledModel, fingerprint, make_backend
 
-TUNE_SEQ = 32             # the prompt length prefill is tuned and checked at
+TUNE_SEQ = 32             # the prompt length decode's caches come from, and prefill's first bucket
+LONG_PROMPT = 512         # ... and the length of the second prefill bucket (where max_seq has room)
 DECODE_SHARE = 0.6        # of the budget: decode is what serving repeats
 
 
@@ -143,20 +144,35 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
     what = hashlib.sha256(f"lm {type(model).__name__} {model.config.to_json_string()} {max_seq} "
                           f"{backend}".encode()).hexdigest()[:16]
     compile_id = compile_id_for(out, resume, what, db)
+    # prefill in length buckets: a kernel configuration (or a cuBLAS call) that wins at 32 tokens
+    # can lose badly at 500, so long prompts run a program tuned at a long length
+    buckets = prefill_buckets(max_seq)
+    prompts = {name: prompt if n == tune_seq else rng.integers(0, lowered.vocab_size, size=(1, n), dtype=np.int64)
+               for name, n in buckets.items()}
+    prefill_s = seconds * (1 - DECODE_SHARE) / len(buckets)
     compiled, reports, hardware = _search(
         {"decode": (lowered.decode, decode_args, seconds * DECODE_SHARE),
-         "prefill": (lowered.prefill, [prompt], seconds * (1 - DECODE_SHARE))},
+         **{name: (lowered.prefill, [prompts[name]], prefill_s) for name in buckets}},
         backend, db, compile_id, seed, progress, max_candidates)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     info = {"vocab_size": lowered.vocab_size, "max_seq": max_seq,
             "cache_shape": list(lowered.cache.shape), "cache_dtype": kiln_dtype(lowered.cache.dtype).value,
-            "layers": lowered.cache.layers, "eos_token_id": eos,
+            "layers": lowered.cache.layers, "eos_token_id": eos, "prefill_buckets": buckets,
             "architecture": type(model).__name__, "budget_s": seconds}
     result = CompiledModel("lm", compiled, info, hardware, tokenizer, {"graphs": reports})
     if out is not None:
         result.save(out)
         finish_journal(out)
     return result
+
+
+def prefill_buckets(max_seq: int) -> dict[str, int]:
+    """The prefill programs a causal LM gets, by graph name, with the prompt length each is tuned
+    at: "prefill" at TUNE_SEQ, and "prefill_N" at N = min(LONG_PROMPT, max_seq - 1) when that is
+    at least four times longer."""
+    short = max(2, min(TUNE_SEQ, max_seq - 1))
+    long = min(LONG_PROMPT, max_seq - 1)
+    return {"prefill": short, **({f"prefill_{long}": long} if long >= 4 * short else {})}
 
 
 def compile(module, args: tuple, dynamic_shapes=None, backend: str = "cpu",

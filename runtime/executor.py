@@ -109,6 +109,10 @@ class Executor:
             launch(kernel_args, env)
         return [self.result(name, inputs, env, copy) for name in self.program.outputs]
 
+    def launch(self, index: int, kernel_args: list, env: dict[str, int]) -> None:
+        """Run kernel `index` alone in its own configuration (`kernel_args` from launch_args)."""
+        self._launchers[index](kernel_args, env)
+
     def trace(self, *args) -> dict[str, np.ndarray]:
         """Run kernel by kernel and return every buffer a kernel wrote, by name, on the host."""
         inputs, env = self.bind(args)

@@ -39,8 +39,9 @@ def fingerprint(backend_name: str) -> dict:
 
 
 class CompiledModel:
-    """`kind` "lm": graphs "prefill" and "decode" sharing a static KV cache (`info` holds
-    vocab_size, max_seq, cache_shape, layers...); kind "module": one graph "forward"."""
+    """`kind` "lm": graphs "decode" and "prefill" (plus "prefill_N", tuned at N tokens; `info`
+    "prefill_buckets" names them) sharing a static KV cache (`info` holds vocab_size, max_seq,
+    cache_shape, layers...); kind "module": one graph "forward"."""
 
     def __init__(self, kind: str, graphs: dict[str, CompiledGraph], info: dict[str, Any],
                  hardware: dict, tokenizer=None, report: dict | None = None):
@@ -87,9 +88,16 @@ class CompiledModel:
         if ids.shape[1] == 1:   # torch.export fixes prefill lengths at 2 and up: decode on an empty cache
             caches = self._zero_caches()
             return self._decode(ids, 0, caches), caches
-        graph = self.graphs["prefill"]
+        graph = self.prefill_graph(ids.shape[1])
         logits, *caches = graph(ids)
         return graph.backend.to_host(logits, graph.graph.outputs[0].dtype), caches
+
+    def prefill_graph(self, length: int) -> CompiledGraph:
+        """The prefill program for a prompt of `length` tokens: the one tuned at the shortest
+        length at or above it, else the longest."""
+        buckets = self.info.get("prefill_buckets", {"prefill": 0})
+        fits = [(n, name) for name, n in buckets.items() if n >= length]
+        return self.graphs[min(fits)[1] if fits else max((n, name) for name, n in buckets.items())[1]]
 
     def _decode(self, ids: np.ndarray, pos: int, caches: list) -> np.ndarray:
         graph = self.graphs["decode"]

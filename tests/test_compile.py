@@ -219,6 +219,32 @@ def test_unwritable_output_folder_is_a_clear_error(tmp_path):
     assert proc.returncode == 1 and "kiln:" in err and "Traceback" not in err
 
 
+def test_prefill_buckets_follow_max_seq():
+    from kiln.runtime.driver import prefill_buckets
+    assert prefill_buckets(48) == {"prefill": 32}                  # no room for a long bucket
+    assert prefill_buckets(256) == {"prefill": 32, "prefill_255": 255}
+    assert prefill_buckets(704) == {"prefill": 32, "prefill_512": 512}
+    assert prefill_buckets(16) == {"prefill": 15}
+
+
+def test_a_long_prompt_runs_the_prefill_tuned_at_a_long_length(tmp_path):
+    model = tiny_llama(1, seed=5)
+    compiled = kiln.compile_lm(model, max_seq=160, budget="10s", db=tmp_path / "tune.sqlite",
+                               out=tmp_path / "artifact", progress=False)
+    assert compiled.info["prefill_buckets"] == {"prefill": 32, "prefill_159": 159}
+    loaded = kiln.load(tmp_path / "artifact")
+    assert loaded.prefill_graph(100) is loaded.graphs["prefill_159"]
+    assert loaded.prefill_graph(32) is loaded.graphs["prefill"]
+    assert loaded.prefill_graph(159) is loaded.graphs["prefill_159"]
+    rng = np.random.default_rng(3)
+    for length in (5, 120):
+        ids = torch.tensor([rng.integers(0, 64, length).tolist()])
+        with torch.no_grad():
+            want = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        got = loaded(ids)
+        assert got.shape == want.shape and agrees(got.numpy(), want.numpy()), length
+
+
 @pytest.mark.slow
 def test_smollm2_compiled_greedy_equals_transformers(smollm2, tmp_path_factory):
     model, tokenizer = smollm2

@@ -14,7 +14,7 @@ from kiln.ir import DType, Graph, Node, Op, evaluate
 from kiln.ir.build import reduce
 from kiln.ir.symbolic import shape_of
 from kiln.runtime.cpu import CpuBackend, cache_dir
-from kiln.runtime.measure import POLICIES, Region
+from kiln.runtime.measure import POLICIES, Measurer, Region
 from kiln.runtime.worker import IsolatedEvaluate
 from kiln.search.tunedb import TuneDB
 
@@ -35,12 +35,12 @@ def _region() -> Region:
     return Region([x], weights, {}, args, want), [out]
 
 
-def _plant(cache, body: str, default: bool = False) -> tuple[str, str]:
-    """Replace the compiled kernel of the first kernel's default configuration, or of its first
-    generated configuration after the default, by a function with `body`; returns its name and
-    configuration."""
-    region, outputs = _region()
-    program = schedule(region.graph(outputs), POLICIES[VARIANT])
+def _plant(cache, body: str, default: bool = False, params: str = "void", outputs=None) -> tuple[str, str]:
+    """Replace the compiled kernel of the first kernel (of `outputs`' program, or the region's)
+    in its default configuration, or in its first generated configuration after the default, by
+    `void NAME(params) { body }`; returns its name and configuration."""
+    region, region_outputs = _region()
+    program = schedule(region.graph(outputs or region_outputs), POLICIES[VARIANT])
     kernel = program.kernels[0]
     backend = CpuBackend()
     config = backend.default_config() if default else next(
@@ -48,7 +48,7 @@ def _plant(cache, body: str, default: bool = False) -> tuple[str, str]:
     name, _ = backend.render(kernel, config)
     so = cache / "planted.so"
     src = cache / "planted.c"
-    src.write_text(f"void {name}(void) {{ {body} }}\n")
+    src.write_text(f"void {name}({params}) {{ {body} }}\n")
     subprocess.run(["gcc", "-shared", "-fPIC", "-O0", "-o", str(so), str(src)], check=True)
     (cache / f"{name}.ref").write_text(so.name)
     return name, config.key()
@@ -96,3 +96,31 @@ def test_a_candidate_whose_default_kernel_crashes_is_rejected(tmp_path, monkeypa
         assert evaluate_.restarts == 1
     finally:
         evaluate_.close()
+
+
+
+def test_a_wrong_configuration_does_not_spoil_the_kernels_measured_after_it(tmp_path, monkeypatch):
+    """The first kernel's planted configuration writes garbage (and is rejected); the second
+    kernel reads the first's output, and none of its configurations may be rejected for that."""
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path))
+    region, (first,) = _region()                                   # [8, 1, 16]
+    v = Node(Op.INPUT, name="v", role="weight", shape=shape_of((1, 16, 4)), dtype=DType.F32)
+    rows = Node(Op.RESHAPE, [first], shape=shape_of((8, 16, 1)))
+    second = reduce(Op.SUM_REDUCE, Node(Op.MUL, [Node(Op.EXPAND, [rows], shape=shape_of((8, 16, 4))),
+                                                 Node(Op.EXPAND, [v], shape=shape_of((8, 16, 4)))]), [1])
+    planted, config = _plant(cache_dir(), "for (int i = 0; i < 128; i++) out[i] = 1e6f;",
+                             params="float* out", outputs=[second])
+    weights = {**region.weights, "v": np.random.default_rng(1).standard_normal((1, 16, 4)).astype(np.float32)}
+    w = next(n for n in region.graph([second]).weight_nodes() if n.attrs["name"] == "w")
+    want = evaluate([second], {region.inputs[0]: region.args[0], w: weights["w"], v: weights["v"]}, {})
+    region = Region(region.inputs, weights, {}, region.args, want)
+    backend = CpuBackend()
+    with TuneDB(tmp_path / "tune.sqlite") as db:
+        outcome = Measurer(backend, db, "test-machine", region).evaluate([second], VARIANT)
+        assert outcome.status == "ok", outcome
+        program = schedule(region.graph([second]), POLICIES[VARIANT])
+        rejected = [(name, c.key()) for k in program.kernels for c in backend.config_space(k)
+                    for name in [backend.render(k, c)[0]]
+                    if db.kernel_failure("test-machine", name, c.key(), {})]
+    assert len(program.kernels) == 2
+    assert rejected == [(planted, config)]
