@@ -3,7 +3,8 @@
 Each op's meaning comes from the op table. One evaluation strategy is added on top, not a new
 meaning: SumReduce(Mul(a, b)) — a matmul in this IR — is computed as a batched matmul of the
 un-broadcast operands instead of materializing the broadcast product, so a 128k-vocab head does
-not allocate vocab x dim x seq floats.
+not allocate vocab x dim x seq floats. So is a sum over part of a split axis of a product,
+SumReduce(Reshape(Mul(a, b))), the first stage of a split reduction (rewrites/split.py).
 """
 from __future__ import annotations
 
@@ -16,12 +17,26 @@ from .graph import Graph, Node
 from .ops import OPS, EvalCtx, Op
 
 
-def _is_contraction(node: Node) -> bool:
-    return node.op is Op.SUM_REDUCE and node.inputs[0].op is Op.MUL
+def _product(node: Node) -> Node | None:
+    """The Mul a SumReduce contracts: its input, or the input of a Reshape that only splits one
+    axis of it in two (which numpy does on the broadcast operands without a copy)."""
+    if node.op is not Op.SUM_REDUCE:
+        return None
+    x = node.inputs[0]
+    if x.op is Op.RESHAPE and x.inputs[0].op is Op.MUL and _splits_one_axis(x.inputs[0].shape, x.shape):
+        return x.inputs[0]
+    return x if x.op is Op.MUL else None
+
+
+def _splits_one_axis(before: tuple, after: tuple) -> bool:
+    return len(after) == len(before) + 1 and any(
+        after[:i] == before[:i] and after[i + 2:] == before[i + 1:] and after[i] * after[i + 1] == before[i]
+        for i in range(len(before)))
 
 
 def _reads(node: Node) -> tuple[Node, ...]:
-    return node.inputs[0].inputs if _is_contraction(node) else node.inputs
+    product = _product(node)
+    return product.inputs if product is not None else node.inputs
 
 
 def _schedule(outputs: list[Node]) -> list[Node]:
@@ -95,7 +110,10 @@ def evaluate(outputs: list[Node], feeds: Mapping[Node, np.ndarray],
         else:
             args = [values[id(r)] for r in _reads(node)]
             shape = tuple(d.evaluate(env) for d in node.shape)
-            if _is_contraction(node):
+            if _product(node) is not None:
+                if node.inputs[0].op is Op.RESHAPE:   # a split axis: a view of each operand
+                    split = tuple(d.evaluate(env) for d in node.inputs[0].shape)
+                    args = [np.reshape(a, split) for a in args]
                 value = _contract(*args, node.attrs["axis"], node.dtype.np)
             else:
                 value = OPS[node.op].evaluate(EvalCtx(node.attrs, shape, node.dtype, env), *args)

@@ -325,13 +325,25 @@ class _Builder:
         return node, None
 
     def matmul(self):
-        """[a, k] x [k, j] as the IR writes it: Mul of two broadcasts, then SumReduce over k."""
-        x = self.pick(lambda n: n.rank == 2 and n.dtype.is_float)
-        (a, k), j = x.shape, self.dim()
-        w = self.new_input((k, j), x.dtype)
-        lhs = Node(Op.EXPAND, [Node(Op.RESHAPE, [x], shape=(a, k, Expr.of(1)))], shape=(a, k, j))
-        rhs = Node(Op.EXPAND, [Node(Op.RESHAPE, [w], shape=(Expr.of(1), k, j))], shape=(a, k, j))
-        return Node(Op.SUM_REDUCE, [Node(Op.MUL, [lhs, rhs])], axis=1), None
+        """[a, k] x [k, j] as the IR writes it: Mul of two broadcasts, then SumReduce over k. Now
+        and then a long axis (64: every split factor divides it), a batch axis in front, or the
+        reduction over j instead of k."""
+        if self.coin(0.6):
+            x = self.pick(lambda n: n.rank == 2 and n.dtype.is_float)
+            (a, k), j = x.shape, self.dim()
+            w = self.new_input((k, j), x.dtype)
+            lhs = Node(Op.EXPAND, [Node(Op.RESHAPE, [x], shape=(a, k, Expr.of(1)))], shape=(a, k, j))
+            rhs = Node(Op.EXPAND, [Node(Op.RESHAPE, [w], shape=(Expr.of(1), k, j))], shape=(a, k, j))
+            return Node(Op.SUM_REDUCE, [Node(Op.MUL, [lhs, rhs])], axis=1), None
+        batch = (self.dim(),) if self.coin(0.5) else ()
+        over_j = self.coin(0.5)
+        a, k, j = self.dim(), Expr.of(64) if not over_j else self.dim(), Expr.of(64) if over_j else self.dim()
+        dtype = self.choice([DType.F32, DType.BF16])
+        x, w = self.new_input((*batch, a, k), dtype), self.new_input((*batch, k, j), dtype)
+        one, full = (Expr.of(1),), (*batch, a, k, j)
+        lhs = Node(Op.EXPAND, [Node(Op.RESHAPE, [x], shape=(*batch, a, k, *one))], shape=full)
+        rhs = Node(Op.EXPAND, [Node(Op.RESHAPE, [w], shape=(*batch, *one, k, j))], shape=full)
+        return Node(Op.SUM_REDUCE, [Node(Op.MUL, [lhs, rhs])], axis=len(full) - (1 if over_j else 2)), None
 
     def gather(self):
         table = self.pick(lambda n: n.rank >= 1)
@@ -367,7 +379,7 @@ def _least(expr: Expr) -> int:
 STEPS = {  # step -> weight
     "binary": 5, "identity": 4, "where": 2.5, "unary": 2, "compare": 1, "negate": 1, "reduce": 4,
     "cast": 1, "permute": 1.5, "reshape": 1.5, "expand": 1.5, "slice": 1, "pad": 1, "concat": 1,
-    "iota": 0.5, "matmul": 0.7, "gather": 0.5, "slice_update": 0.5, "viewed_unary": 1.5,
+    "iota": 0.5, "matmul": 1.2, "gather": 0.5, "slice_update": 0.5, "viewed_unary": 1.5,
     "expand_twice": 0.5,
 }
 _NAMES, _WEIGHTS = list(STEPS), np.array(list(STEPS.values())) / sum(STEPS.values())

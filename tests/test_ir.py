@@ -100,6 +100,22 @@ def test_contraction_path_equals_elementwise_sum(layout):
     np.testing.assert_allclose(fast, materialized.sum(axis=product.rank - 2), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("axis", [0, 1])
+def test_split_contraction_path_equals_elementwise_sum(axis):
+    """SumReduce(Reshape(Mul)) over half of a split axis (rewrites/split.py) goes through matmul
+    on views of the operands; it must equal materializing the product."""
+    from kiln.frontend.lowerings.reductions import matmul
+    a, b = inp("a", (5, 12)), inp("b", (12, 3))
+    product = matmul(a, b, DType.F32).inputs[0]                     # [5, 12, 3], k at axis 1
+    if axis == 0:
+        product = build.permute(product, (1, 0, 2))               # not a Mul: the plain path
+    split = (4, 3, 5, 3) if axis == 0 else (5, 4, 3, 3)
+    partial = Node(Op.SUM_REDUCE, [build.reshape(product, split)], axis=axis + 1)
+    va, vb = rng.standard_normal((5, 12)).astype(np.float32), rng.standard_normal((12, 3)).astype(np.float32)
+    got, whole = evaluate([partial, product], {a: va, b: vb})
+    np.testing.assert_allclose(got, whole.reshape(split).sum(axis=axis + 1), rtol=1e-5, atol=1e-5)
+
+
 def test_low_precision_computes_in_f32_and_rounds_once():
     a, b = inp("a", (64,), DType.BF16), inp("b", (64,), DType.BF16)
     va = rng.standard_normal(64).astype(DType.BF16.np)

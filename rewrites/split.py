@@ -1,0 +1,39 @@
+"""Split a matrix product's reduction into two stages: sum over k of x, where k = m * f, is the
+sum over m of the sums over each run of f consecutive elements. The candidates differ in how the
+work is cut (a kernel may keep the partial sums in registers or write them out and reduce them
+again: split-K), and the measured time decides which cut wins for each shape. It reassociates
+the sum (within rounding). (A max of a product is rare in models, so max has no such rules.)
+
+A rule sees the product's shape as the Vec of the Expands it multiplies; egglog's Vec has no
+insert, so each (rank, axis) the frontend's products take gets its own rule, and each factor too.
+"""
+from ..search.dsl import Dim, Vec, dim_lit, dims, eq, expand, i64, ints, mul, reshape, rewrites, sum_reduce, terms
+
+STAGE = "reductions"
+
+FACTORS = (2, 4, 8, 16, 32)
+# [a, k, j] products (linear layers, reduced over k or, transposed, j) and [b, a, k, j] (attention)
+PLACES = ((3, 1), (3, 2), (4, 2), (4, 3))
+
+a, b = terms("a b")
+shape, = dims("shape")
+k, = ints("k")
+
+
+def _split(rank: int, axis: int, factor: int):
+    """`shape` with its axis of k elements cut into [k / factor, factor]."""
+    return Vec[Dim](*[shape[i] for i in range(axis)], dim_lit(k / factor), dim_lit(factor),
+                    *[shape[i] for i in range(axis + 1, rank)])
+
+
+def _rule(rank: int, axis: int, factor: int) -> tuple:
+    product = mul(expand(a, shape), expand(b, shape))
+    return (f"split-sum-rank{rank}-axis{axis}-by{factor}",
+            f"sum over k = sum over k/{factor} of the sums over runs of {factor}",
+            sum_reduce(product, axis),
+            sum_reduce(sum_reduce(reshape(product, _split(rank, axis, factor)), axis + 1), axis),
+            eq(shape.length()).to(i64(rank)), eq(shape[axis]).to(dim_lit(k)),
+            eq(k % factor).to(i64(0)), k >= 2 * factor)
+
+
+RULES = rewrites("split", [_rule(rank, axis, factor) for rank, axis in PLACES for factor in FACTORS])
