@@ -183,38 +183,49 @@ def compile_graph(graph: Graph, backend, args: list[np.ndarray], seconds: float,
     total_work = sum(g[0].size * len(g) for g in groups.values())
     rules = list(library().values())
     report, choices = GraphReport(), {}
-    for (key, group), feeds in zip(groups.items(), inflows):
-        rep = group[0]
-        # half the budget is shared equally (a small region can hold the heaviest kernel, the
-        # vocabulary projection), half by work (IR nodes times repeats)
-        deadline = Deadline(seconds * (0.5 / len(groups) + 0.5 * rep.size * len(group) / total_work))
-        t0 = time.monotonic()
-        saturated = saturate(rep.outputs, rules, Limits(max_seconds=max(1.0, deadline.remaining() / 4)))
-        saturate_s = time.monotonic() - t0
-        inputs = [i for i in rep.inputs if not is_weight(i)]
-        sub = region_graph(graph, rep, rep.outputs)
-        region = Region(inputs, sub.weights, dict(graph.symbols), [feeds[i] for i in inputs],
-                        evaluate(rep.outputs, feeds, env))
-        measurer = Measurer(backend, db, fingerprint, region, deadline=deadline)
-        # candidates run their kernels for the first time in a worker process; the winner's
-        # kernels, checked there, run here
-        isolated = IsolatedEvaluate(backend.name, db.path, fingerprint, region, deadline) if isolate else None
-        label = rep.label if len(group) == 1 else f"{rep.label} (x{len(group)})"
-        tuner = RegionTuner(key, label, rep.outputs, saturated, list(POLICIES),
-                            isolated or measurer.evaluate, measurer.end_to_end, db, compile_id, seed,
-                            lambda p, d=deadline: on_progress(p, d.remaining()))
-        try:
-            winner = tuner.run(deadline, max_candidates)
-        finally:
-            if isolated:
-                isolated.close()
-        _, program, configs = measurer.build(winner.outputs, winner.variant)
-        choices[key] = Choice(winner.outputs, winner.variant, configs)
-        report.kernels_measured += measurer.kernels_measured + (isolated.kernels_measured if isolated else 0)
-        report.worker_restarts += isolated.restarts if isolated else 0
-        report.regions.append(RegionReport(
-            key, label, len(group), rep.size, saturated.stages, winner.progress, winner.key,
-            winner.variant, winner.estimate_s, winner.end_to_end_s, saturate_s,
-            time.monotonic() - t0 - saturate_s, measurer.kernel_report(program, configs)))
+    # candidates run their kernels for the first time in a worker process (one for all regions);
+    # the winner's kernels, checked there, run here
+    isolated = IsolatedEvaluate(backend.name, db.path, fingerprint) if isolate else None
+    try:
+        for (key, group), feeds in zip(groups.items(), inflows):
+            # half the budget is shared equally (a small region can hold the heaviest kernel, the
+            # vocabulary projection), half by work (IR nodes times repeats)
+            _search_region(graph, key, group, feeds, env, backend, db, fingerprint, compile_id, seed,
+                           max_candidates, rules, isolated, report, choices, on_progress,
+                           seconds * (0.5 / len(groups) + 0.5 * group[0].size * len(group) / total_work))
+    finally:
+        if isolated:
+            report.kernels_measured += isolated.kernels_measured
+            report.worker_restarts += isolated.restarts
+            isolated.close()
     report.seconds = time.monotonic() - start
     return CompiledGraph(graph, choices, backend), report
+
+
+def _search_region(graph, key, group, feeds, env, backend, db, fingerprint, compile_id, seed, max_candidates,
+                   rules, isolated, report, choices, on_progress, seconds) -> None:
+    """Saturate, search and tune one distinct region within `seconds`; records its choice and report."""
+    rep = group[0]
+    deadline = Deadline(seconds)
+    t0 = time.monotonic()
+    saturated = saturate(rep.outputs, rules, Limits(max_seconds=max(1.0, deadline.remaining() / 4)))
+    saturate_s = time.monotonic() - t0
+    inputs = [i for i in rep.inputs if not is_weight(i)]
+    sub = region_graph(graph, rep, rep.outputs)
+    region = Region(inputs, sub.weights, dict(graph.symbols), [feeds[i] for i in inputs],
+                    evaluate(rep.outputs, feeds, env))
+    measurer = Measurer(backend, db, fingerprint, region, deadline=deadline)
+    if isolated:
+        isolated.load(region, deadline)
+    label = rep.label if len(group) == 1 else f"{rep.label} (x{len(group)})"
+    tuner = RegionTuner(key, label, rep.outputs, saturated, list(POLICIES),
+                        isolated or measurer.evaluate, measurer.end_to_end, db, compile_id, seed,
+                        lambda p, d=deadline: on_progress(p, d.remaining()))
+    winner = tuner.run(deadline, max_candidates)
+    _, program, configs = measurer.build(winner.outputs, winner.variant)
+    choices[key] = Choice(winner.outputs, winner.variant, configs)
+    report.kernels_measured += measurer.kernels_measured
+    report.regions.append(RegionReport(
+        key, label, len(group), rep.size, saturated.stages, winner.progress, winner.key,
+        winner.variant, winner.estimate_s, winner.end_to_end_s, saturate_s,
+        time.monotonic() - t0 - saturate_s, measurer.kernel_report(program, configs)))

@@ -10,9 +10,10 @@ A hang is noticed twice over: a candidate gets at least `timeout_s` in all, and 
 configuration's check and timing at most `trial_timeout_s` (GPU kernels take microseconds: a
 configuration that runs for many seconds is stuck, not slow).
 
-Parent and worker speak JSON lines over the worker's stdin and stdout. The region travels as an
-artifact folder (graph JSON and safetensors, never pickle); measurements go straight from the
-worker into the tuning database, which is what the parent reads them from.
+Parent and worker speak JSON lines over the worker's stdin and stdout: a candidate gets its
+outcome; `{"region": FOLDER}` switches the worker to the next region and gets `{"ready": true}`.
+A region travels as an artifact folder (graph JSON and safetensors, never pickle); measurements
+go straight from the worker into the tuning database, which is what the parent reads them from.
 
 Run as `python -m kiln.runtime.worker FOLDER` (the parent does this)."""
 from __future__ import annotations
@@ -48,27 +49,47 @@ RETRIES = 3                     # fresh workers a candidate gets while its fault
 class IsolatedEvaluate:
     """`evaluate(outputs, variant) -> Outcome` for the tuner, run in a worker process."""
 
-    def __init__(self, backend_name: str, db_path: Path, fingerprint: str, region: Region,
+    def __init__(self, backend_name: str, db_path: Path, fingerprint: str, region: Region | None = None,
                  deadline: Deadline | None = None, timeout_s: float = MIN_TIMEOUT_S,
                  trial_timeout_s: float = TRIAL_TIMEOUT_S):
         """`timeout_s`: the least time a candidate gets before its worker is taken for hung;
-        `trial_timeout_s`: the most one kernel configuration's check and timing may take."""
-        self.deadline, self.min_timeout_s, self.trial_timeout_s = deadline, timeout_s, trial_timeout_s
-        self.folder = Path(tempfile.mkdtemp(prefix="kiln-worker-")) / "region"
-        tensors = {**{f"weight/{k}": v for k, v in region.weights.items()},
-                   **{f"arg/{i}": a for i, a in enumerate(region.args)},
-                   **{f"want/{i}": w for i, w in enumerate(region.want)}}
-        spec = {"backend": backend_name, "db": str(db_path), "fingerprint": fingerprint,
-                "region": graph_to_json(region.graph(region.inputs)),
-                "args": len(region.args), "want": len(region.want)}
-        write_artifact(self.folder, {SPEC: json.dumps(spec)}, tensors)
-        self.fingerprint, self.db_path = fingerprint, db_path
+        `trial_timeout_s`: the most one kernel configuration's check and timing may take. One
+        worker serves region after region (`load`): its start-up (imports, a CUDA context) is
+        paid once, not per region."""
+        self.backend_name, self.db_path, self.fingerprint = backend_name, db_path, fingerprint
+        self.min_timeout_s, self.trial_timeout_s = timeout_s, trial_timeout_s
+        self.root = Path(tempfile.mkdtemp(prefix="kiln-worker-"))
+        self.folder: Path | None = None
+        self.deadline = deadline
         self.kernels_measured = 0
         self.restarts = 0
         self._slowest = 0.0
+        self._regions = 0
         self._proc: subprocess.Popen | None = None
         self._lines: queue.Queue = queue.Queue()
         self._stderr: list[str] = []      # the worker's last lines, for a crash's detail
+        if region is not None:
+            self.load(region, deadline)
+
+    def load(self, region: Region, deadline: Deadline | None = None) -> None:
+        """Measure the next candidates on `region` (written as an artifact folder the worker reads)."""
+        previous = self.folder
+        self._regions += 1
+        self.folder = self.root / f"region{self._regions}"
+        tensors = {**{f"weight/{k}": v for k, v in region.weights.items()},
+                   **{f"arg/{i}": a for i, a in enumerate(region.args)},
+                   **{f"want/{i}": w for i, w in enumerate(region.want)}}
+        spec = {"backend": self.backend_name, "db": str(self.db_path), "fingerprint": self.fingerprint,
+                "region": graph_to_json(region.graph(region.inputs)),
+                "args": len(region.args), "want": len(region.want)}
+        write_artifact(self.folder, {SPEC: json.dumps(spec)}, tensors)
+        self.deadline, self._slowest = deadline, 0.0
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.stdin.write(json.dumps({"region": str(self.folder)}) + "\n")
+            self._proc.stdin.flush()
+            self._await_ready()
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
 
     def __call__(self, outputs, variant: str) -> Outcome:
         program = graph_to_json(Graph(inputs=[], outputs=list(outputs), weights={}, symbols={}))
@@ -115,12 +136,12 @@ class IsolatedEvaluate:
             self._proc.kill()
             self._proc.wait()
             self._proc = None
-        shutil.rmtree(self.folder.parent, ignore_errors=True)
+        shutil.rmtree(self.root, ignore_errors=True)
 
     # --- the worker's life --------------------------------------------------------------------
     @property
     def _trial_path(self) -> Path:
-        return self.folder.parent / TRIAL
+        return self.root / TRIAL
 
     def _trial_seconds(self) -> float | None:
         """How long the kernel configuration being measured has run, if one is."""
@@ -138,7 +159,10 @@ class IsolatedEvaluate:
         self._lines, self._stderr = queue.Queue(), []
         threading.Thread(target=_pump, args=(self._proc.stdout, self._lines), daemon=True).start()
         threading.Thread(target=_keep, args=(self._proc.stderr, self._stderr), daemon=True).start()
-        # start-up (imports, the backend, the region's tensors) is not the candidate's time
+        self._await_ready()
+
+    def _await_ready(self) -> None:
+        """Start-up (imports, the backend, the region's tensors) is not a candidate's time."""
         try:
             ready = self._lines.get(timeout=START_TIMEOUT_S)
         except queue.Empty:
@@ -193,22 +217,39 @@ def serve(folder: Path) -> None:
     from ..search.tunedb import TuneDB
     from .model import make_backend
     protocol, sys.stdout = sys.stdout, sys.stderr     # stray prints must not break the protocol
-    _, open_file, tensors = read_artifact(folder)
-    spec = json.loads(open_file(SPEC))
+    trial = folder.parent / TRIAL
+    backend, measurer, db = None, None, None
+    requests = iter(sys.stdin)
+    while True:
+        _, open_file, tensors = read_artifact(folder)
+        spec = json.loads(open_file(SPEC))
+        if backend is None:
+            backend, db = make_backend(spec["backend"]), TuneDB(spec["db"])
+        default = backend.default_config().key()
+        measurer = _measurer(backend, db, spec, tensors, trial, default)
+        protocol.write(json.dumps({"ready": True}) + "\n")
+        protocol.flush()
+        folder = _answer(requests, measurer, trial, protocol)
+        if folder is None:
+            return
+
+
+def _measurer(backend, db, spec: dict, tensors: dict, trial: Path, default: str) -> Measurer:
     weights = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("weight/")}
     graph = graph_from_json(spec["region"])
     region = Region(graph.inputs, weights, graph.symbols, [tensors[f"arg/{i}"] for i in range(spec["args"])],
                     [tensors[f"want/{i}"] for i in range(spec["want"])])
-    trial = folder.parent / TRIAL
-    backend = make_backend(spec["backend"])
-    default = backend.default_config().key()
-    measurer = Measurer(backend, TuneDB(spec["db"]), spec["fingerprint"], region,
-                        on_trial=lambda name, config, symbols: _write_trial(trial, name, config, symbols,
-                                                                           config == default))
-    protocol.write(json.dumps({"ready": True}) + "\n")
-    protocol.flush()
-    for line in sys.stdin:
+    return Measurer(backend, db, spec["fingerprint"], region,
+                    on_trial=lambda name, config, symbols: _write_trial(trial, name, config, symbols,
+                                                                       config == default))
+
+
+def _answer(requests, measurer: Measurer, trial: Path, protocol) -> Path | None:
+    """Evaluate candidates until the parent names another region (returned) or closes stdin."""
+    for line in requests:
         request = json.loads(line)
+        if "region" in request:
+            return Path(request["region"])
         left = request["seconds_left"]
         measurer.deadline = Deadline(left) if left is not None else None
         before = measurer.kernels_measured
@@ -224,6 +265,7 @@ def serve(folder: Path) -> None:
         trial.unlink(missing_ok=True)
         protocol.write(json.dumps(reply) + "\n")
         protocol.flush()
+    return None
 
 
 def _write_trial(path: Path, name: str, config: str, symbols: dict, default: bool) -> None:

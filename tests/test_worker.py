@@ -124,3 +124,29 @@ def test_a_wrong_configuration_does_not_spoil_the_kernels_measured_after_it(tmp_
                     if db.kernel_failure("test-machine", name, c.key(), {})]
     assert len(program.kernels) == 2
     assert rejected == [(planted, config)]
+
+
+def test_one_worker_serves_region_after_region(tmp_path, monkeypatch):
+    """A compile loads each distinct region into the same worker: its start-up is paid once."""
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path))
+    first, outputs = _region()
+    # the second region: the same program on other values, whose reference differs
+    x, w = first.inputs[0], next(n for n in first.graph(outputs).weight_nodes())
+    rng = np.random.default_rng(7)
+    weights = {"w": rng.standard_normal((1, 64, 16)).astype(np.float32)}
+    args = [rng.standard_normal((8, 64, 1)).astype(np.float32)]
+    second = Region([x], weights, {}, args, evaluate(outputs, {x: args[0], w: weights["w"]}, {}))
+    evaluate_ = IsolatedEvaluate("cpu", tmp_path / "tune.sqlite", "test-machine", timeout_s=60)
+    try:
+        evaluate_.load(first)
+        assert evaluate_(outputs, VARIANT).status == "ok"
+        pid = evaluate_._proc.pid
+        evaluate_.load(second)
+        assert evaluate_(outputs, VARIANT).status == "ok"
+        assert evaluate_._proc.pid == pid and evaluate_.restarts == 0
+        # the worker checks against the region it holds: the first region's reference fails here
+        evaluate_.load(Region([x], weights, {}, args, first.want))
+        assert evaluate_(outputs, VARIANT).status == "wrong"
+        assert evaluate_._proc.pid == pid
+    finally:
+        evaluate_.close()
