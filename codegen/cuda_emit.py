@@ -146,8 +146,8 @@ def config_space(kernel: Kernel) -> list[CudaConfig]:
     width = vector_width(kernel, reduce)
     space = [CudaConfig(256, 32, width), CudaConfig(256, 1, 1), CudaConfig(128, 32, width),
              CudaConfig(256, 256, width), CudaConfig(512, 512, width)]
-    if width > 1:
-        space += [CudaConfig(256, 32, 1), CudaConfig(256, 256, 1)]
+    if width > 1:   # a thread per point reading 16 bytes at a time: rows too short to share
+        space += [CudaConfig(128, 1, width), CudaConfig(256, 32, 1), CudaConfig(256, 256, 1)]
     return list(dict.fromkeys(space))
 
 
@@ -183,7 +183,7 @@ class _CudaBody(_Body):
     def __init__(self, kernel: Kernel, config: CudaConfig):
         super().__init__([("kiln_point", Expr.of(1))], config)
         self.level.update({v: 1 for v, _ in kernel.loops})
-        self.cooperative = top_reduce(kernel) if config.group > 1 else None
+        self.cooperative = top_reduce(kernel) if config.group > 1 or config.vector > 1 else None
         self.vectors: dict[Load, tuple[str, int]] = {}   # a load read as one lane of a vector
         self.shared: list[str] = []
 
@@ -232,6 +232,9 @@ class _CudaBody(_Body):
         extent, group = index_code(s.extent), config.group
         block = self.blocks[level]
         block.append(f"{acc_type} {acc} = {init};")
+        # unrolled, so that each thread has several loads in flight: one at a time leaves a
+        # memory-bound reduction (a GEMV) far from the bandwidth
+        block.append("#pragma unroll 4")
         if width > 1:
             block.append(f"for (int64_t kiln_base = kiln_lane * {width}; kiln_base < {extent}; "
                          f"kiln_base += {group * width}) {{")
@@ -275,7 +278,7 @@ def _halvings(n: int) -> list[int]:
 
 def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
     """One `extern "C" __global__` function; launch it with `config.block` threads per block."""
-    if config.group > 1 and top_reduce(kernel) is None:
+    if (config.group > 1 or config.vector > 1) and top_reduce(kernel) is None:
         raise ValueError(f"config {config.key()} needs a kernel with one shared reduction")
     if config.group not in (1, 32, config.block):
         raise ValueError("a group is one thread, a warp, or the whole block")

@@ -5,7 +5,10 @@ compile times, the copy bandwidth measured in the same run and each system's sha
 bandwidth bound (weight bytes read per token / bandwidth); writes JSON and a PNG chart."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
+import os
 import statistics
 import time
 
@@ -55,13 +58,22 @@ def _copy_bandwidth() -> float:
     return 2 * src.numel() * 4 * 20 / (time.perf_counter() - t0)
 
 
-def _log(result: dict, *keys: str) -> None:
-    """Each figure as soon as it is measured: a later failure loses none of them."""
+def _log(result: dict, json_path: str | None, *keys: str) -> None:
+    """Each figure as soon as it is measured, printed and saved: a later failure loses none."""
     print("  " + ", ".join(f"{k} {result[k]:.4g}" for k in keys), flush=True)
+    if json_path:
+        _write_json(result, json_path)
+
+
+def _write_json(result: dict, path: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=2)
+    os.replace(path + ".tmp", path)
 
 
 def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch_compile: bool,
-            db: str | None, lowered_path: str | None = None, prefill: int = 512) -> dict:
+            db: str | None, lowered_path: str | None = None, prefill: int = 512,
+            json_path: str | None = None) -> dict:
     from .driver import compile_lm
     loaded = catalog.load(spec)
     model = loaded.model.to(getattr(torch, dtype)).eval()
@@ -76,7 +88,7 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
               "weight_bytes": weight_bytes, "gpu": torch.cuda.get_device_name()}
 
     result["copy_bytes_per_s"] = _copy_bandwidth()
-    _log(result, "copy_bytes_per_s")
+    _log(result, json_path, "copy_bytes_per_s")
 
     # Kiln first: its compile lowers on the CPU copy of the model
     t0 = time.perf_counter()
@@ -84,7 +96,7 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
     compiled = compile_lm(model, max_seq=max_seq, backend="cuda", budget=budget, db=db, progress=False,
                           lowered=lowered)
     result["kiln_compile_s"] = time.perf_counter() - t0
-    _log(result, "kiln_compile_s")
+    _log(result, json_path, "kiln_compile_s")
     decode = compiled.graphs["decode"]
     caches = compiled._zero_caches()
     kiln_logits = []
@@ -96,10 +108,12 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
     result["kiln_decode_tokens_per_s"] = _decode_rate(kiln_step, tokens)
     result["kiln_kernels_per_token"] = decode.kernel_count
     result["kiln_decode_replays_a_graph"] = decode._recording is not None
-    _log(result, "kiln_decode_tokens_per_s", "kiln_kernels_per_token")
+    _log(result, json_path, "kiln_decode_tokens_per_s", "kiln_kernels_per_token")
     result["kiln_prefill_tokens_per_s"] = _prefill_rate(lambda: compiled.prefill_graph(prefill)(prompt), prefill)
-    _log(result, "kiln_prefill_tokens_per_s")
     result["kiln_report"] = compiled.report
+    _log(result, json_path, "kiln_prefill_tokens_per_s")
+    for line in _slowest_kernels(compiled.report["graphs"].get("decode", {})):
+        print("   ", line, flush=True)
 
     gpu_model = model.cuda()
     step = hf.DecodeStep(gpu_model, cache).eval()
@@ -127,11 +141,13 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
         with torch.no_grad():
             fn(input_ids=torch_prompt, use_cache=False)
     result["eager_prefill_tokens_per_s"] = _prefill_rate(eager_prefill, prefill)
-    _log(result, "eager_decode_tokens_per_s", "eager_prefill_tokens_per_s")
-    n = min(len(kiln_logits), len(eager_logits))
-    result["kiln_vs_eager_rel_error"] = max(
-        float(np.linalg.norm(kiln_logits[i].astype(np.float32) - eager_logits[i]) /
-              np.linalg.norm(eager_logits[i])) for i in range(n))
+    _log(result, json_path, "eager_decode_tokens_per_s", "eager_prefill_tokens_per_s")
+    result["kiln_vs_eager_rel_error"] = _rel_error(kiln_logits, eager_logits)
+    if dtype != "float32":   # whose rounding the gap is: both against the same steps in fp32
+        reference = _fp32_logits(gpu_model, cache, ids, start_pos, len(eager_logits))
+        result["kiln_vs_fp32_rel_error"] = _rel_error(kiln_logits, reference)
+        result["eager_vs_fp32_rel_error"] = _rel_error(eager_logits, reference)
+        _log(result, json_path, "kiln_vs_eager_rel_error", "kiln_vs_fp32_rel_error", "eager_vs_fp32_rel_error")
 
     if torch_compile:
         t0 = time.perf_counter()
@@ -141,7 +157,7 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
         result["torch_compile_s"] = time.perf_counter() - t0
         result["torch_compile_decode_tokens_per_s"] = _decode_rate(
             lambda k: eager(k, compiled_step), tokens)
-        _log(result, "torch_compile_s", "torch_compile_decode_tokens_per_s")
+        _log(result, json_path, "torch_compile_s", "torch_compile_decode_tokens_per_s")
         t0 = time.perf_counter()
         compiled_model = torch.compile(gpu_model, mode="max-autotune", fullgraph=False)
         eager_prefill(compiled_model)
@@ -157,13 +173,33 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
     return result
 
 
+def _rel_error(got: list, want: list) -> float:
+    """The largest relative error (2-norm) over the decode steps both have."""
+    return max(float(np.linalg.norm(g.astype(np.float32) - w) / np.linalg.norm(w)) for g, w in zip(got, want))
+
+
+def _fp32_logits(model, cache, ids, start_pos: int, count: int) -> list:
+    """The first `count` decode steps' logits of an fp32 copy of the model, from empty caches."""
+    reference = copy.deepcopy(model).float()
+    spec = dataclasses.replace(cache, dtype=torch.float32)
+    step, caches, out = hf.DecodeStep(reference, spec).eval(), spec.zeros("cuda"), []
+    with torch.no_grad():
+        for k in range(count):
+            logits, *caches = step(torch.tensor([[int(ids[k])]], device="cuda"),
+                                   torch.tensor(start_pos + k, device="cuda"), caches)
+            out.append(logits.float().cpu().numpy())
+    del reference
+    torch.cuda.empty_cache()
+    return out
+
+
 SYSTEMS = (("eager", "PyTorch eager"), ("torch_compile", "torch.compile max-autotune"), ("kiln", "Kiln"))
 
 
 def run_gpu_bench(spec: str, dtype: str, tokens: int, budget: str, max_seq: int,
                   torch_compile: bool, json_path: str | None, db: str | None,
                   lowered_path: str | None = None, prefill: int = 512) -> dict:
-    r = measure(spec, dtype, tokens, budget, max_seq, torch_compile, db, lowered_path, prefill)
+    r = measure(spec, dtype, tokens, budget, max_seq, torch_compile, db, lowered_path, prefill, json_path)
     print(f"{r['model']} {r['dtype']} on {r['gpu']}: {r['tokens']} decode tokens timed (median), "
           f"prefill of {r['prefill_tokens']} tokens; copy bandwidth {r['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
           f"weights {r['weight_bytes'] / 1e9:.2f} GB, bound {r['bandwidth_bound_tokens_per_s']:.0f} tok/s")
@@ -175,12 +211,11 @@ def run_gpu_bench(spec: str, dtype: str, tokens: int, budget: str, max_seq: int,
                   f"{r.get(f'{system}_prefill_tokens_per_s', float('nan')):14.0f}")
     print(f"  kiln compile {r['kiln_compile_s']:.0f} s, {r['kiln_kernels_per_token']} kernels per token "
           f"({'one CUDA graph replay' if r['kiln_decode_replays_a_graph'] else 'launched one by one'}), "
-          f"logits vs eager rel. error {r['kiln_vs_eager_rel_error']:.1e}")
-    for line in _slowest_kernels(r["kiln_report"]["graphs"].get("decode", {})):
-        print("   ", line)
+          f"logits vs eager rel. error {r['kiln_vs_eager_rel_error']:.1e}" +
+          (f"; vs fp32: Kiln {r['kiln_vs_fp32_rel_error']:.1e}, eager {r['eager_vs_fp32_rel_error']:.1e}"
+           if "kiln_vs_fp32_rel_error" in r else ""))
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(r, f, indent=2)
+        _write_json(r, json_path)
         print(f"wrote {json_path} and {_chart(r, json_path.removesuffix('.json') + '.png')}")
     return r
 

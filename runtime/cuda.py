@@ -13,6 +13,7 @@ from ..codegen.kernel import Kernel, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
 from ..ir.dtypes import DType
 from ..ir.errors import CompileError, KilnError
+from .cublas import CublasGemm
 from .library import ArrayInterop, LibraryKernel
 
 _MAX_BLOCKS = 65535 * 8      # the grid-stride loop covers the rest
@@ -49,7 +50,7 @@ class CudaBackend:
     # --- compiling ----------------------------------------------------------------------------
     @staticmethod
     def render(kernel: Kernel, config: CudaConfig | LibraryConfig) -> tuple[str, str]:
-        if isinstance(config, LibraryConfig):      # cuBLAS, through CuPy's matmul
+        if isinstance(config, LibraryConfig):      # cuBLAS (runtime/cublas.py)
             gemm = as_gemm(kernel)
             return gemm.name(), gemm.source()
         draft = emit_cuda(kernel, config, "KERNEL")
@@ -74,7 +75,8 @@ class CudaBackend:
         serve every later compile of the same kernel: in the next candidate, the next worker
         process, the final build and a loaded artifact."""
         for name in [n for n in functions if is_library(n) and n not in self._functions]:
-            self._functions[name] = LibraryKernel(Gemm.from_source(functions[name]), self._interop)
+            gemm = Gemm.from_source(functions[name])
+            self._functions[name] = CublasGemm(gemm, self.cp, LibraryKernel(gemm, self._interop))
         missing = sorted(n for n in functions if n not in self._functions)
         if missing:
             with ThreadPoolExecutor(max_workers=min(len(missing), os.cpu_count() or 4)) as pool:
@@ -157,7 +159,7 @@ class CudaBackend:
 
     # --- launching and timing -----------------------------------------------------------------
     def launcher(self, fn, kernel: Kernel, config: CudaConfig | LibraryConfig):
-        if isinstance(fn, LibraryKernel):
+        if isinstance(fn, CublasGemm):
             return fn.launcher(kernel)
         extents = [e for _, e in kernel.loops]
         fixed = all(e.is_const for e in extents)

@@ -5,6 +5,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_block(float* __restrict__
   for (int64_t kiln_point = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 256; kiln_point < kiln_points; kiln_point += (int64_t)gridDim.x * blockDim.x / 256) {
     const int64_t i1 = kiln_point;
     float acc5 = 0;
+    #pragma unroll 4
     for (int64_t r2 = kiln_lane; r2 < (INT64_C(64)); r2 += 256) {
       const float t1 = b46[(r2)];
       const float t2 = kiln_bf16_load(b15[(INT64_C(64)*i1 + r2)]);

@@ -4,6 +4,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_warp_vector(float* __rest
   for (int64_t kiln_point = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; kiln_point < kiln_points; kiln_point += (int64_t)gridDim.x * blockDim.x / 32) {
     const int64_t i1 = kiln_point;
     float acc5 = 0;
+    #pragma unroll 4
     for (int64_t kiln_base = kiln_lane * 8; kiln_base < (INT64_C(64)); kiln_base += 256) {
       float kv1[8]; kiln_bf16x8(kv1, b15 + (INT64_C(64)*i1 + kiln_base));
       float kv2[8]; kiln_f32x8(kv2, b46 + (kiln_base));

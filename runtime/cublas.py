@@ -1,0 +1,163 @@
+"""cuBLAS on the operands where they lie: a library GEMM (codegen/library.py) whose operands and
+output are each a strided matrix with one unit stride becomes one column-major strided-batched
+`cublasGemmStridedBatchedEx` call on the 16-bit (or f32) data, accumulated in f32. No temporaries:
+CuPy's matmul, by contrast, needs f32 copies of bf16 operands (a layer's weights, every call).
+
+`plan` is pure arithmetic on strides, so the layouts are tested without a GPU."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..codegen.library import Gemm, Operand
+from ..ir.dtypes import DType
+
+# cudaDataType_t and cublasComputeType_t values (library_types.h, cublas_api.h)
+CUDA_TYPE = {DType.F32: 0, DType.F16: 2, DType.BF16: 14}
+COMPUTE_32F = 68
+GEMM_DEFAULT = -1
+WORKSPACE_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """Where one column-major matrix operand lies: element offset, leading dimension, batch
+    stride (elements), and whether cuBLAS reads it transposed."""
+    buffer: str
+    dtype: DType
+    offset: int
+    ld: int
+    batch_stride: int
+    transposed: bool = False
+
+
+@dataclass(frozen=True)
+class BlasCall:
+    """C[rows, cols] = op(A)[rows, k] @ op(B)[k, cols] for each of `batch` matrices, column-major."""
+    rows: int
+    cols: int
+    k: int
+    batch: int
+    a: Matrix
+    b: Matrix
+    c: Matrix
+
+
+def _nested_stride(operand: Operand, group: tuple[str, ...], extent: dict[str, int],
+                   env: dict[str, int]) -> int | None:
+    """The stride of a group of variables read as one row-major index, when their strides nest
+    (each the next one's stride times its extent); 0 for a group of unit extents; None if not."""
+    stride, span = None, 1
+    for v in reversed([v for v in group if extent[v] != 1]):
+        s = operand.strides[v].evaluate(env) if v in operand.strides else 0
+        if stride is None:
+            stride = s
+        elif s != stride * span:
+            return None
+        span *= extent[v]
+    return 0 if stride is None else stride
+
+
+def _layout(rows: int, cols: int, row_stride: int, col_stride: int) -> tuple[bool, int] | None:
+    """(transposed, leading dimension) of a rows x cols matrix for cuBLAS: column-major as it
+    is when its rows are contiguous, else its transpose when its columns are; None if neither."""
+    if rows == 1 or row_stride == 1:
+        ld = col_stride if cols > 1 else rows
+        if ld >= max(rows, 1):
+            return False, ld
+    if cols == 1 or col_stride == 1:
+        ld = row_stride if rows > 1 else cols
+        if ld >= max(cols, 1):
+            return True, ld
+    return None
+
+
+def plan(gemm: Gemm, env: dict[str, int]) -> BlasCall | None:
+    """One cuBLAS call computing `gemm` for these symbol values, or None when an operand has no
+    unit stride, a group of variables does not flatten, or the types do not fit cuBLAS."""
+    a, b, out = gemm.a, gemm.b, gemm.out
+    if a.dtype is not b.dtype or a.dtype not in CUDA_TYPE or out.dtype not in CUDA_TYPE or \
+            (a.dtype is DType.F32 and out.dtype is not DType.F32):
+        return None
+    extent = {v: e.evaluate(env) for v, e in gemm.extents.items()}
+    size = {g: math.prod(extent[v] for v in getattr(gemm, g)) for g in ("batch", "m", "n", "k")}
+    strides = {}
+    for name, operand, groups in (("a", a, ("batch", "m", "k")), ("b", b, ("batch", "k", "n")),
+                                  ("out", out, ("batch", "m", "n"))):
+        for g in groups:
+            strides[name, g] = _nested_stride(operand, getattr(gemm, g), extent, env)
+    if None in strides.values():
+        return None
+
+    def matrix(operand: Operand, name: str, row: str, col: str, transposed_ok: bool) -> Matrix | None:
+        layout = _layout(size[row], size[col], strides[name, row], strides[name, col])
+        if layout is None or (layout[0] and not transposed_ok):
+            return None
+        return Matrix(operand.buffer, operand.dtype, operand.offset.evaluate(env), layout[1],
+                      strides[name, "batch"], layout[0])
+    # C = A B when the output is column-major; else C^T = B^T A^T, whose output is
+    for rows, cols, first, second in (("m", "n", ("a", a, "m", "k"), ("b", b, "k", "n")),
+                                      ("n", "m", ("b", b, "n", "k"), ("a", a, "k", "m"))):
+        c = matrix(out, "out", rows, cols, False)
+        left = matrix(first[1], first[0], first[2], first[3], True)
+        right = matrix(second[1], second[0], second[2], second[3], True)
+        if c is not None and left is not None and right is not None:
+            return BlasCall(size[rows], size[cols], size["k"], size["batch"], left, right, c)
+    return None
+
+
+class CublasGemm:
+    """A library GEMM launched as cuBLAS calls on the launch arguments' device pointers; a shape
+    `plan` cannot map falls back to `fallback` (CuPy's matmul on f32 copies)."""
+
+    def __init__(self, gemm: Gemm, cp, fallback):
+        self.gemm, self.cp, self.fallback = gemm, cp, fallback
+        self._plans: dict[tuple, BlasCall | None] = {}
+
+    def launcher(self, kernel):
+        names = [kernel.output.name, *(b.name for b in kernel.inputs)]
+        generic = self.fallback.launcher(kernel)
+        one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)   # read at each call
+
+        def launch(args, env):
+            key = tuple(sorted(env.items()))
+            if key not in self._plans:
+                self._plans[key] = plan(self.gemm, env)
+            call = self._plans[key]
+            if call is None:
+                return generic(args, env)
+            pointers = dict(zip(names, (a.data.ptr for a in args)))
+            cublas, handle = _handle(self.cp)
+
+            def at(m: Matrix) -> int:
+                return pointers[m.buffer] + m.offset * m.dtype.np.itemsize
+            cublas.gemmStridedBatchedEx(
+                handle, int(call.a.transposed), int(call.b.transposed), call.rows, call.cols, call.k,
+                one.ctypes.data, at(call.a), CUDA_TYPE[call.a.dtype], call.a.ld, call.a.batch_stride,
+                at(call.b), CUDA_TYPE[call.b.dtype], call.b.ld, call.b.batch_stride,
+                zero.ctypes.data, at(call.c), CUDA_TYPE[call.c.dtype], call.c.ld, call.c.batch_stride,
+                call.batch, COMPUTE_32F, GEMM_DEFAULT)
+        return launch
+
+
+_HANDLES: dict[int, tuple] = {}
+
+
+def _handle(cp):
+    """CuPy's cuBLAS handle for this device, given a workspace of its own once, so that cuBLAS
+    allocates nothing while a CUDA graph is being captured."""
+    device = cp.cuda.Device().id
+    if device not in _HANDLES:
+        try:
+            from cupy_backends.cuda.libs import cublas
+        except ImportError:
+            from cupy.cuda import cublas
+        handle = cp.cuda.device.get_cublas_handle()
+        workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)
+        if hasattr(cublas, "setWorkspace"):
+            cublas.setWorkspace(handle, workspace.data.ptr, WORKSPACE_BYTES)
+        _HANDLES[device] = (cublas, handle, workspace)
+    cublas, handle, _ = _HANDLES[device]
+    return cublas, handle
