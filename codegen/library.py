@@ -70,15 +70,20 @@ class Gemm:
     out: Operand
     symbols: tuple[str, ...]         # the kernel's symbol arguments, in order
 
-    def source(self) -> str:
-        """The description a backend "compiles": canonical JSON, named by its hash."""
-        return json.dumps({"library": "gemm", "batch": self.batch, "m": self.m, "n": self.n, "k": self.k,
+    def source(self, implementation: str) -> str:
+        """The description a backend "compiles": canonical JSON, named by its hash. It names the
+        backend's `implementation` too, so that a tuning database keyed by source never serves
+        one implementation's timings for another."""
+        return json.dumps({"library": "gemm", "implementation": implementation, "batch": self.batch,
+                           "m": self.m, "n": self.n, "k": self.k,
                            "extents": {v: expr_to_json(e) for v, e in self.extents.items()},
                            "a": self.a.to_json(), "b": self.b.to_json(), "out": self.out.to_json(),
                            "symbols": self.symbols}, sort_keys=True)
 
-    def name(self) -> str:
-        return f"{PREFIX}{hashlib.sha256(self.source().encode()).hexdigest()[:20]}"
+    def rendered(self, implementation: str) -> tuple[str, str]:
+        """(kernel name, source) as a backend renders the library call."""
+        source = self.source(implementation)
+        return f"{PREFIX}{hashlib.sha256(source.encode()).hexdigest()[:20]}", source
 
     @staticmethod
     def from_source(source: str) -> Gemm:

@@ -129,8 +129,7 @@ class CpuBackend:
         one compiled function and one tuning record. A library configuration's source is the
         call's description."""
         if isinstance(config, LibraryConfig):
-            gemm = as_gemm(kernel)
-            return gemm.name(), gemm.source()
+            return as_gemm(kernel).rendered("numpy-matmul")
         draft = emit_c(kernel, config, "KERNEL")
         name = f"k_{source_hash(draft)}"
         return name, draft.replace("void KERNEL(", f"void {name}(", 1)

@@ -51,8 +51,7 @@ class CudaBackend:
     @staticmethod
     def render(kernel: Kernel, config: CudaConfig | LibraryConfig) -> tuple[str, str]:
         if isinstance(config, LibraryConfig):      # cuBLAS (runtime/cublas.py)
-            gemm = as_gemm(kernel)
-            return gemm.name(), gemm.source()
+            return as_gemm(kernel).rendered("cublasGemmStridedBatchedEx")
         draft = emit_cuda(kernel, config, "KERNEL")
         name = f"k_{source_hash(draft)}"
         return name, draft.replace(" KERNEL(", f" {name}(", 1)

