@@ -2,7 +2,8 @@
 
 A program grows from one to three inputs by random steps drawn from the op table's families
 (elementwise, comparisons and selects, reductions, casts, views, iotas, gathers, slice updates,
-matmuls as Mul of broadcasts + SumReduce). The steps are biased toward what rewrite rules match:
+matmuls as Mul of broadcasts + SumReduce, and idioms as the frontend lowers them: RMSNorm, softmax
+then the PV product). The steps are biased toward what rewrite rules match:
 constants such as 0, 1, -1 broadcast by views, an operand used twice (`x * x`, `where(c, x, x)`),
 a step repeated on its own result (`-(-x)`, `permute(permute(x))`), a constant on either side of
 a comparison, and reductions of what reduction rules take apart. Shapes mix constant and
@@ -34,6 +35,7 @@ IDENTITIES = {"float": (0.0, 1.0, -1.0), "int": (0, 1, -1), "bool": (False, True
 PAD_VALUES = {"float": (0.0, -math.inf, 1.0), "int": (0, -1), "bool": (False,)}
 UNARY = [Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP]
 INVERSE = {Op.EXP2: Op.LOG2, Op.LOG2: Op.EXP2, Op.RECIP: Op.RECIP, Op.SQRT: Op.RECIP, Op.SIN: Op.SIN}
+LOG2E = 1.4426950408889634   # the frontend's exp(x) is exp2(x * log2 e)
 _BUILD_ERRORS = (ShapeError, KilnTypeError, ValueError, IndexError, KeyError)
 
 
@@ -345,6 +347,46 @@ class _Builder:
         rhs = Node(Op.EXPAND, [Node(Op.RESHAPE, [w], shape=(*batch, *one, k, j))], shape=full)
         return Node(Op.SUM_REDUCE, [Node(Op.MUL, [lhs, rhs])], axis=len(full) - (1 if over_j else 2)), None
 
+    def rms_norm(self):
+        """RMSNorm over the last of 64 features as the frontend lowers it, x * 1/sqrt(sum(x * x) * c
+        + eps) with c (the mean's 1/n) an input, as in a region; 64 is split by every factor."""
+        dtype = self.choice([DType.F32, DType.BF16])
+        shape = (self.dim(), sym("n") if self.coin(0.5) else self.dim(), Expr.of(64))
+        x, row = self.new_input(shape, dtype), shape[:-1] + (Expr.of(1),)
+        sums = Node(Op.RESHAPE, [Node(Op.SUM_REDUCE, [Node(Op.MUL, [x, x])], axis=2)], shape=row)
+        mean = Node(Op.MUL, [sums, self.new_input(row, dtype)])
+        eps = build.constant(self.choice([1e-5, 1e-6, 0.0]), dtype, row)
+        norm = Node(Op.RECIP, [Node(Op.SQRT, [Node(Op.ADD, [mean, eps])])])
+        return Node(Op.MUL, [x, Node(Op.EXPAND, [norm], shape=shape)]), None
+
+    def softmax_pv(self):
+        """Attention's softmax over the last axis as the frontend lowers it (exp2 of the scores
+        minus their max, times log2 e; each row over its sum), sometimes with the safe softmax's
+        zero for flagged rows (those with no score above -inf, whose sums are NaN, or any), then
+        the product with values: p [.., k] reshaped to [.., k, 1], broadcast to [.., k, d] against
+        v, summed over k. Scores are often masked with -inf, so whole rows can be."""
+        x = self.pick(lambda n: n.rank in (2, 3) and n.dtype in (DType.F32, DType.BF16))
+        shape, dtype, last = x.shape, x.dtype, x.rank - 1
+        row = shape[:-1] + (Expr.of(1),)
+        minus_inf = build.constant(-math.inf, dtype, shape)
+        if self.coin(0.5):
+            x = Node(Op.WHERE, [self.comparison(x, same=0.0), minus_inf, x])
+        top = Node(Op.RESHAPE, [Node(Op.MAX_REDUCE, [x], axis=last)], shape=row)
+        shifted = Node(Op.ADD, [x, Node(Op.EXPAND, [Node(Op.MUL, [top, build.constant(-1.0, dtype, row)])],
+                                        shape=shape)])
+        e = Node(Op.EXP2, [Node(Op.MUL, [shifted, build.constant(LOG2E, dtype, shape)])])
+        total = Node(Op.RECIP, [Node(Op.RESHAPE, [Node(Op.SUM_REDUCE, [e], axis=last)], shape=row)])
+        p = Node(Op.MUL, [e, Node(Op.EXPAND, [total], shape=shape)])
+        if self.coin(0.5):
+            above = Node(Op.LESS_THAN, [minus_inf, x]) if self.coin(0.5) else self.comparison(x, same=0.0)
+            flag = Node(Op.MAX_REDUCE, [above], axis=last)
+            keep = _not(Node(Op.RESHAPE, [flag], shape=row))
+            p = Node(Op.WHERE, [Node(Op.EXPAND, [keep], shape=shape), build.constant(0.0, dtype, shape), p])
+        wide = shape + (self.dim(),)
+        v = self.new_input(shape[:-2] + (Expr.of(1),) + wide[-2:], dtype)
+        lhs = Node(Op.EXPAND, [Node(Op.RESHAPE, [p], shape=shape + (Expr.of(1),))], shape=wide)
+        return Node(Op.SUM_REDUCE, [Node(Op.MUL, [lhs, Node(Op.EXPAND, [v], shape=wide)])], axis=last), None
+
     def gather(self):
         table = self.pick(lambda n: n.rank >= 1)
         axis = int(self.rng.integers(table.rank))
@@ -380,7 +422,7 @@ STEPS = {  # step -> weight
     "binary": 5, "identity": 4, "where": 2.5, "unary": 2, "compare": 1, "negate": 1, "reduce": 4,
     "cast": 1, "permute": 1.5, "reshape": 1.5, "expand": 1.5, "slice": 1, "pad": 1, "concat": 1,
     "iota": 0.5, "matmul": 1.2, "gather": 0.5, "slice_update": 0.5, "viewed_unary": 1.5,
-    "expand_twice": 0.5,
+    "expand_twice": 0.5, "rms_norm": 0.4, "softmax_pv": 0.6,
 }
 _NAMES, _WEIGHTS = list(STEPS), np.array(list(STEPS.values())) / sum(STEPS.values())
 

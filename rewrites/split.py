@@ -7,7 +7,8 @@ the sum (within rounding). (A max of a product is rare in models, so max has no 
 A rule sees the product's shape as the Vec of the Expands it multiplies; egglog's Vec has no
 insert, so each (rank, axis) the frontend's products take gets its own rule, and each factor too.
 """
-from ..search.dsl import Dim, Vec, dim_lit, dims, eq, expand, i64, ints, mul, reshape, rewrites, sum_reduce, terms
+from ..search.dsl import (dim_lit, dims, eq, expand, i64, ints, mul, reshape, rewrites, split_axis,
+                          sum_reduce, terms)
 
 STAGE = "reductions"
 
@@ -20,18 +21,13 @@ shape, = dims("shape")
 k, = ints("k")
 
 
-def _split(rank: int, axis: int, factor: int):
-    """`shape` with its axis of k elements cut into [k / factor, factor]."""
-    return Vec[Dim](*[shape[i] for i in range(axis)], dim_lit(k / factor), dim_lit(factor),
-                    *[shape[i] for i in range(axis + 1, rank)])
-
-
 def _rule(rank: int, axis: int, factor: int) -> tuple:
     product = mul(expand(a, shape), expand(b, shape))
     return (f"split-sum-rank{rank}-axis{axis}-by{factor}",
             f"sum over k = sum over k/{factor} of the sums over runs of {factor}",
             sum_reduce(product, axis),
-            sum_reduce(sum_reduce(reshape(product, _split(rank, axis, factor)), axis + 1), axis),
+            sum_reduce(sum_reduce(reshape(product, split_axis(shape, rank, axis, k, factor)), axis + 1),
+                       axis),
             eq(shape.length()).to(i64(rank)), eq(shape[axis]).to(dim_lit(k)),
             eq(k % factor).to(i64(0)), k >= 2 * factor)
 

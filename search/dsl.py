@@ -16,8 +16,8 @@ __all__ = [
     "Dim", "Rule", "String", "Term", "Vec", "add", "cast", "concat", "const_value", "constant",
     "dim_lit", "dim_sym", "dims", "eq", "holds", "exp2", "expand", "facts", "gather", "i64", "input_", "ints",
     "iota", "less_than", "log2", "max_reduce", "mod", "mul", "ne", "pad", "permute", "perms", "recip",
-    "reshape", "rewrites", "rule", "set_", "sin", "slice_", "slice_update", "sqrt", "strings",
-    "sum_reduce", "terms", "union", "where",
+    "reshape", "rewrites", "rule", "set_", "sin", "slice_", "slice_update", "split_axis", "sqrt",
+    "strings", "sum_reduce", "terms", "union", "where",
 ]
 
 
@@ -50,6 +50,13 @@ def ints(names: str) -> list[i64]:
 
 def strings(names: str) -> list[String]:
     return list(vars_(names, String))
+
+
+def split_axis(shape: Vec[Dim], rank: int, axis: int, k: i64, factor: int) -> Vec[Dim]:
+    """`shape` (a Vec of `rank` dims) with its axis of k elements cut into [k / factor, factor]:
+    egglog's Vec has no insert, so the Vec is rebuilt."""
+    return Vec[Dim](*[shape[i] for i in range(axis)], dim_lit(k / factor), dim_lit(factor),
+                    *[shape[i] for i in range(axis + 1, rank)])
 
 
 @dataclass(frozen=True)

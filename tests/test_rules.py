@@ -51,6 +51,7 @@ def test_the_new_topics_are_in_the_library():
     """The parametrized fuzz above covers every topic the registry finds; these must be among them."""
     lib = library()
     assert lib["reductions"].stage == "reductions" and lib["compare"].stage == "analysis"
+    assert lib["idioms"].stage == "idioms"
 
 
 def test_reordered_reductions_stay_small():
@@ -148,6 +149,25 @@ def test_a_rule_unsound_only_on_special_values_is_caught(tmp_path):
     assert "nan" in unsound.issue.detail
 
 
+def test_a_softmax_factor_without_its_mask_is_caught(tmp_path):
+    """Normalizing a masked softmax after the PV product needs the mask on the row factor too: a
+    row with no finite score has a NaN sum, which the mask turns into 0. The fuzzer masks whole
+    rows with -inf, so it sees that row."""
+    path = rule_file(tmp_path, "unmasked", """
+        from kiln.rewrites.idioms import FORMS, PV, SOFTMAX, axis, factor, pv, pv_product, wide
+        from kiln.search.dsl import expand, mul, reshape, rewrites
+
+        STAGE = "idioms"
+        p, numerator, _ = FORMS["masked"]
+        RULES = rewrites("planted", [("unmasked-factor", "the masked row's factor left unmasked",
+                                      pv_product(p, axis), mul(pv_product(numerator, axis),
+                                          expand(reshape(factor, pv.remove(axis)), wide.remove(axis))),
+                                      *SOFTMAX, *PV)])
+    """)
+    (unsound,) = check([load_file(path)]).unsound
+    assert unsound.rule.full_name == "planted/unmasked-factor" and "nan" in unsound.issue.detail
+
+
 def test_a_rule_that_never_fires_is_reported(tmp_path):
     path = rule_file(tmp_path, "never", """
         from kiln.search.dsl import exp2, rewrites, sin, terms
@@ -203,3 +223,5 @@ def test_cli_rules_list_on_a_model_shows_what_fired():
     matches = {line.split()[0]: int(line.split()[2]) for line in result.output.splitlines()
                if line.split() and line.split()[0] in names}
     assert set(matches) == names and matches["algebra/mul-commutes"] > 0
+    assert matches["idioms/rmsnorm-split-squares-by2"] > 0
+    assert matches["idioms/softmax-normalize-after-pv-masked"] > 0
