@@ -115,6 +115,15 @@ class _Scheduler:
                 limit = (self.policy.broadcast_limit if id(node) in broadcast else
                          self.policy.inline_limit if len(self.users.get(id(node), ())) > 1 else None)
                 if limit is not None and cost[id(node)] > limit:
+                    narrow = _narrow_source(node)
+                    if narrow is not None and narrow.op not in (Op.INPUT, Op.CONSTANT, Op.IOTA):
+                        # store the value before it is widened (bf16, not its f32 copy): half the
+                        # bytes, and a matrix product of two bf16 operands can run as one cuBLAS
+                        # call; the reader widens it, exactly
+                        roots.add(id(narrow))
+                        cost[id(node)] = 1
+                        if cost[id(node)] <= limit:
+                            continue
                     roots.add(id(node))
                     cost[id(node)] = 0
         return roots
@@ -305,6 +314,19 @@ def _symbols_used(loops, value: Scalar, store: Expr) -> set[str]:
                 names |= e.symbols()
         stack.extend(s.children())
     return names
+
+
+def _narrow_source(node: Node) -> Node | None:
+    """For a cast that widens a float (bf16 or f16 to f32), the narrower value it reads, through
+    views; None for any other node."""
+    if node.op is not Op.CAST or not node.dtype.is_float:
+        return None
+    source = node.inputs[0]
+    while source.op in VIEWS:
+        source = source.inputs[0]
+    if not source.dtype.is_float or source.dtype.np.itemsize >= node.dtype.np.itemsize:
+        return None
+    return source
 
 
 def _label(node: Node) -> str:

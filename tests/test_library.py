@@ -10,7 +10,7 @@ from kiln.codegen.kernel import KernelConfig
 from kiln.codegen.library import LibraryConfig, as_gemm
 from kiln.codegen.schedule import FusionPolicy, schedule
 from kiln.ir import DType, Graph, Node, Op
-from kiln.ir.build import elementwise, expand, permute, reduce, reshape
+from kiln.ir.build import cast, elementwise, expand, permute, reduce, reshape
 from kiln.ir.symbolic import shape_of, sym
 from kiln.runtime.cpu import CpuBackend
 from kiln.runtime.executor import Executor
@@ -74,6 +74,25 @@ def test_gemm_kernels_run_as_a_library_call_and_equal_the_reference(case):
                 for i in inputs]
         problems = run_problems(executor, args)
         assert not problems, problems
+
+
+def test_a_widened_bf16_activation_is_stored_narrow_so_its_product_is_bf16_by_bf16():
+    """The frontend's bf16 Linear: the activation (f32 math) rounded to bf16 and widened back,
+    times the widened weight. The schedule stores the bf16 value, not its f32 copy (half the
+    bytes), so both operands of the product are bf16 and one cuBLAS call can take it; the
+    program still equals the reference."""
+    x = inp("x", (5, 32))
+    rng = np.random.default_rng(4)
+    w, weights = inp("w", (32, 24), DType.BF16, "weight"), {"w": rng.standard_normal((32, 24)).astype(DType.BF16.np)}
+    activation = cast(cast(elementwise(Op.MUL, x, x), DType.BF16), DType.F32)
+    graph = Graph([x], [matmul(activation, cast(w, DType.F32))], weights=weights)
+    program = schedule(graph)
+    (gemm,) = [as_gemm(k) for k in program.kernels if as_gemm(k)]
+    assert (gemm.a.dtype, gemm.b.dtype) == (DType.BF16, DType.BF16)
+    configs = [LibraryConfig() if as_gemm(k) else KernelConfig() for k in program.kernels]
+    executor = Executor(graph, program, configs, CpuBackend())
+    x_value = rng.standard_normal((5, 32)).astype(np.float32)
+    assert not run_problems(executor, [x_value])
 
 
 def test_a_product_with_more_than_a_multiply_inside_is_not_a_gemm():

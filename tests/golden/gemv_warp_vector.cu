@@ -1,27 +1,28 @@
-extern "C" __global__ void __launch_bounds__(256) gemv_warp_vector(float* __restrict__ b47, const float* __restrict__ b46, const uint16_t* __restrict__ b15, const int64_t* __restrict__ kiln_sym) {
+extern "C" __global__ void __launch_bounds__(256) gemv_warp_vector(float* __restrict__ b47, const uint16_t* __restrict__ b46, const uint16_t* __restrict__ b15, const int64_t* __restrict__ kiln_sym) {
   const int kiln_lane = threadIdx.x % 32;
   const int64_t kiln_points = ((INT64_C(32)));
   for (int64_t kiln_point = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; kiln_point < kiln_points; kiln_point += (int64_t)gridDim.x * blockDim.x / 32) {
     const int64_t i1 = kiln_point;
-    float acc5 = 0;
+    float acc6 = 0;
     #pragma unroll 4
     for (int64_t kiln_base = kiln_lane * 8; kiln_base < (INT64_C(64)); kiln_base += 256) {
       float kv1[8]; kiln_bf16x8(kv1, b15 + (INT64_C(64)*i1 + kiln_base));
-      float kv2[8]; kiln_f32x8(kv2, b46 + (kiln_base));
+      float kv2[8]; kiln_bf16x8(kv2, b46 + (kiln_base));
       #pragma unroll
       for (int kiln_v = 0; kiln_v < 8; kiln_v++) {
         const int64_t r2 = kiln_base + kiln_v; (void)r2;
-        const float t3 = ((float)(kv1[kiln_v]));
-        const float t4 = (kv2[kiln_v] * t3);
-        acc5 = acc5 + (float)t4;
+        const float t3 = ((float)(kv2[kiln_v]));
+        const float t4 = ((float)(kv1[kiln_v]));
+        const float t5 = (t3 * t4);
+        acc6 = acc6 + (float)t5;
       }
     }
-    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc5, 16); acc5 = acc5 + kiln_other; }
-    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc5, 8); acc5 = acc5 + kiln_other; }
-    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc5, 4); acc5 = acc5 + kiln_other; }
-    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc5, 2); acc5 = acc5 + kiln_other; }
-    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc5, 1); acc5 = acc5 + kiln_other; }
-    const float t6 = (float)acc5;
-    if (kiln_lane == 0) b47[(i1)] = t6;
+    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc6, 16); acc6 = acc6 + kiln_other; }
+    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc6, 8); acc6 = acc6 + kiln_other; }
+    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc6, 4); acc6 = acc6 + kiln_other; }
+    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc6, 2); acc6 = acc6 + kiln_other; }
+    { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc6, 1); acc6 = acc6 + kiln_other; }
+    const float t7 = (float)acc6;
+    if (kiln_lane == 0) b47[(i1)] = t7;
   }
 }
