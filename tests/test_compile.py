@@ -219,6 +219,28 @@ def test_unwritable_output_folder_is_a_clear_error(tmp_path):
     assert proc.returncode == 1 and "kiln:" in err and "Traceback" not in err
 
 
+def test_compile_from_graphs_lowered_elsewhere(tmp_path):
+    """`kiln lower` on a machine whose torch can export, `kiln compile --lowered` where it cannot:
+    the graphs give max-seq (24 here, not the default 256), the model the weights; the artifact
+    generates PyTorch's tokens."""
+    from kiln.frontend import catalog
+    lowered, out = tmp_path / "tiny", tmp_path / "art"
+    proc = _cli("lower", TINY, "--out", str(lowered), "--max-seq", "24")
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    proc = _cli("compile", TINY, "--lowered", str(lowered), "--out", str(out), "--db",
+                str(tmp_path / "d.sqlite"), "--budget", "5s")
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    compiled = kiln.CompiledModel.load(out)
+    assert compiled.info["max_seq"] == 24
+    model = catalog.load(TINY).model
+    ids = [3, 14, 15, 9]
+    with torch.no_grad():
+        want = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, 4, dtype=torch.long),
+                              max_new_tokens=8, do_sample=False)[0].tolist()
+    assert compiled.generate(ids, max_new_tokens=8) == want
+
+
 def test_prefill_buckets_follow_max_seq():
     from kiln.runtime.driver import prefill_buckets
     assert prefill_buckets(48) == {"prefill": 32}                  # no room for a long bucket
