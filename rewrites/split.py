@@ -4,8 +4,9 @@ work is cut (a kernel may keep the partial sums in registers or write them out a
 again: split-K), and the measured time decides which cut wins for each shape. It reassociates
 the sum (within rounding). (A max of a product is rare in models, so max has no such rules.)
 
-A rule sees the product's shape as the Vec of the Expands it multiplies; egglog's Vec has no
-insert, so each (rank, axis) the frontend's products take gets its own rule, and each factor too.
+A rule reads the product's shape from an Expand it multiplies (in decode the other factor is a
+weight's Reshape, not an Expand); egglog's Vec has no insert, so each (rank, axis) the frontend's
+products take gets its own rule, and each factor too.
 """
 from ..search.dsl import (dim_lit, dims, eq, expand, i64, ints, mul, reshape, rewrites, split_axis,
                           sum_reduce, terms)
@@ -22,7 +23,7 @@ k, = ints("k")
 
 
 def _rule(rank: int, axis: int, factor: int) -> tuple:
-    product = mul(expand(a, shape), expand(b, shape))
+    product = mul(expand(a, shape), b)
     return (f"split-sum-rank{rank}-axis{axis}-by{factor}",
             f"sum over k = sum over k/{factor} of the sums over runs of {factor}",
             sum_reduce(product, axis),
