@@ -57,7 +57,7 @@ RULES = rewrites("idioms", [
     # that normalizes it (within rounding: squares are never negative, so no partial sum cancels)
     *[(f"rmsnorm-split-squares-by{f}", f"the norm's sum of squares over d = sum over d/{f} of sums over {f}",
        sum_reduce(mul(x, x), 2),
-       sum_reduce(sum_reduce(reshape(mul(x, x), split_axis(shape, 3, 2, k, f)), 3), 2),
+       sum_reduce(sum_reduce(reshape(mul(x, x), split_axis(shape, 3, 2, k / f, i64(f))), 3), 2),
        mul(x, expand(r, shape)), eq(shape.length()).to(i64(3)), eq(shape[2]).to(dim_lit(k)),
        eq(k % f).to(i64(0)), k >= 2 * f) for f in FACTORS],
     # flash-attention's order: normalize after the PV product, once per output row instead of once

@@ -1,7 +1,8 @@
-"""Split a matrix product's reduction into two stages: sum over k of x, where k = m * f, is the
-sum over m of the sums over each run of f consecutive elements. The candidates differ in how the
-work is cut (a kernel may keep the partial sums in registers or write them out and reduce them
-again: split-K), and the measured time decides which cut wins for each shape. It reassociates
+"""Split a matrix product's reduction into two stages (split-K): sum over k of x is the sum of f
+partial sums, each over a run of k / f consecutive elements. f is small (2..32), so the partials
+stay few: f per output, not k / f (a vocabulary head's partials over runs of 2 would be half its
+whole broadcast product). The candidates differ in how the work is cut (more blocks on a short
+output, or one pass), and the measured time decides which cut wins for each shape. It reassociates
 the sum (within rounding). (A max of a product is rare in models, so max has no such rules.)
 
 A rule reads the product's shape from an Expand it multiplies (in decode the other factor is a
@@ -24,11 +25,10 @@ k, = ints("k")
 
 def _rule(rank: int, axis: int, factor: int) -> tuple:
     product = mul(expand(a, shape), b)
+    parts = reshape(product, split_axis(shape, rank, axis, i64(factor), k / factor))
     return (f"split-sum-rank{rank}-axis{axis}-by{factor}",
-            f"sum over k = sum over k/{factor} of the sums over runs of {factor}",
-            sum_reduce(product, axis),
-            sum_reduce(sum_reduce(reshape(product, split_axis(shape, rank, axis, k, factor)), axis + 1),
-                       axis),
+            f"sum over k = sum of {factor} partial sums over runs of k/{factor}",
+            sum_reduce(product, axis), sum_reduce(sum_reduce(parts, axis + 1), axis),
             eq(shape.length()).to(i64(rank)), eq(shape[axis]).to(dim_lit(k)),
             eq(k % factor).to(i64(0)), k >= 2 * factor)
 

@@ -52,10 +52,10 @@ def strings(names: str) -> list[String]:
     return list(vars_(names, String))
 
 
-def split_axis(shape: Vec[Dim], rank: int, axis: int, k: i64, factor: int) -> Vec[Dim]:
-    """`shape` (a Vec of `rank` dims) with its axis of k elements cut into [k / factor, factor]:
-    egglog's Vec has no insert, so the Vec is rebuilt."""
-    return Vec[Dim](*[shape[i] for i in range(axis)], dim_lit(k / factor), dim_lit(factor),
+def split_axis(shape: Vec[Dim], rank: int, axis: int, outer: i64, inner: i64) -> Vec[Dim]:
+    """`shape` (a Vec of `rank` dims) with one axis cut into [outer, inner]: egglog's Vec has no
+    insert, so the Vec is rebuilt."""
+    return Vec[Dim](*[shape[i] for i in range(axis)], dim_lit(outer), dim_lit(inner),
                     *[shape[i] for i in range(axis + 1, rank)])
 
 
