@@ -4,7 +4,9 @@ Stages run in order (analysis rules run to saturation before every iteration of 
 After each iteration the e-node count, the iteration count and the stage's wall time are checked
 against the limits. The e-graph lives in a forked child: an egglog abort or running out of memory
 (the child's address space is capped) ends that stage with the e-graph the previous stage
-reached, and the report says so, instead of taking the compile down.
+reached, and the report says so, instead of taking the compile down. A child silent far past its
+stage's limit is hung: it prints its Python stack, is killed, and the saturation runs once more in
+a fresh child (a hang seen on CI, rare and not reproduced, before any rule had run).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import json
 import multiprocessing
 import resource
 import time
+import warnings
 from dataclasses import dataclass, field
 
 from egglog import EGraph, ruleset
@@ -27,6 +30,12 @@ class Limits:
     max_iterations: int = 12
     max_seconds: float = 60.0          # per stage
     memory_bytes: int = 8 << 30        # the child's address space
+    slack_seconds: float = 30.0        # past twice max_seconds, a silent child is taken for hung
+
+    @property
+    def patience(self) -> float:
+        """A stage reports within its time limit plus one iteration; a child silent longer is hung."""
+        return self.max_seconds * 2 + self.slack_seconds
 
 
 @dataclass
@@ -93,9 +102,17 @@ def _run_stages(enc: Encoded, stages: list[tuple[str, list]], analysis: list, li
 def _child(conn, enc, stages, analysis, limits) -> None:
     # an abort here is expected and reported by the parent; no Python crash dump on stderr
     faulthandler.disable()
+    # but a hang shows its stack on stderr before the parent's patience runs out and kills it
+    watchdog = lambda: faulthandler.dump_traceback_later(max(1.0, limits.patience - 2))
+
+    def send(message) -> None:
+        conn.send(message)
+        watchdog()
+
+    watchdog()
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
     try:
-        _run_stages(enc, stages, analysis, limits, conn.send)
+        _run_stages(enc, stages, analysis, limits, send)
         conn.send(("done", None, None))
     except Exception as err:  # egglog raises its own error types; report any, the parent decides
         conn.send(("error", f"{type(err).__name__}: {err}", None))
@@ -134,24 +151,37 @@ def saturate(outputs, rulesets: list[Ruleset], limits: Limits = Limits(), isolat
 
 
 def _saturate_in_child(enc, stages, analysis, limits, reports) -> str | None:
+    first_try: list[StageReport] = []
+    last_dump, hung = _one_child(enc, stages, analysis, limits, first_try)
+    if hung:
+        warnings.warn(f"the e-graph process hung ({first_try[-1].stop}); saturating again in a fresh one")
+        last_dump, _ = _one_child(enc, stages, analysis, limits, reports)
+    else:
+        reports.extend(first_try)
+    return last_dump
+
+
+def _one_child(enc, stages, analysis, limits, reports) -> tuple[str | None, bool]:
+    """Saturate in one forked child; the e-graph the last finished stage reached, and whether the
+    child hung."""
     ctx = multiprocessing.get_context("fork")  # Nodes are not picklable; the child inherits them
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child, enc, stages, analysis, limits), daemon=True)
     proc.start()
     child.close()
-    last_dump = None
-    # a stage reports within its time limit plus one iteration; a child silent far past that is
-    # hung, and ends its stage like a crash
-    patience = limits.max_seconds * 2 + 30
+    last_dump, hung = None, False
     while True:
         try:
-            if not parent.poll(patience):
+            if not parent.poll(limits.patience):
                 proc.kill()
+                hung = True
                 raise EOFError
             kind, report, dumped = parent.recv()
-        except EOFError:  # the child died mid-stage: an egglog abort or out of memory
+        except EOFError:  # the child died mid-stage (an egglog abort or out of memory), or hung
             proc.join()
-            kind, report = "error", f"the e-graph process died or hung (exit code {proc.exitcode})"
+            kind = "error"
+            report = (f"the e-graph process hung (no report in {limits.patience:.0f} s; killed)" if hung
+                      else f"the e-graph process died (exit code {proc.exitcode})")
         if kind == "stage":
             report.eclasses = _term_classes(dumped)
             reports.append(report)
@@ -162,7 +192,7 @@ def _saturate_in_child(enc, stages, analysis, limits, reports) -> str | None:
             stage = next((s for s, _ in stages if s not in done), "?")
             reports.append(StageReport(stage, stop=f"crashed: {report}; kept the e-graph before it"))
         proc.join()
-        return last_dump
+        return last_dump, hung
 
 
 def _term_classes(dumped: str) -> int:

@@ -133,6 +133,11 @@ def test_fp32_greedy_tokens_equal_pytorch_on_the_gpu(tmp_path):
             want = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=32,
                                   do_sample=False)[0].tolist()
         assert compiled.generate(ids, max_new_tokens=32) == want
+    # the artifact `kiln compile` writes and `kiln generate` reads gives the same tokens
+    compiled.save(tmp_path / "artifact")
+    loaded = kiln.CompiledModel.load(tmp_path / "artifact")
+    assert loaded.backend == "cuda"
+    assert loaded.generate(ids, max_new_tokens=32) == want
 
 
 @needs_gpu
