@@ -61,6 +61,7 @@ def _build(source: str, out: Path) -> None:
 
 class CpuBackend:
     name = "cpu"
+    source_suffix = ".c"                # an artifact's kernel files
 
     def __init__(self):
         self._libs: dict[str, ctypes.CDLL] = {}

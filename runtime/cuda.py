@@ -36,6 +36,7 @@ def storage(dtype: DType) -> np.dtype:
 
 class CudaBackend:
     name = "cuda"
+    source_suffix = ".cu"
 
     def __init__(self):
         self.cp = cupy_or_error()

@@ -141,7 +141,7 @@ class CompiledModel:
             files[f"graphs/{name}.json"] = json.dumps(_graph_record(compiled))
             weights.update(compiled.graph.weights)
             for fn, src in compiled.sources.items():
-                files[f"kernels/{fn}.c"] = src
+                files[f"kernels/{fn}{compiled.backend.source_suffix}"] = src
         if self.tokenizer is not None:
             with tempfile.TemporaryDirectory() as tmp:
                 self.tokenizer.save_pretrained(tmp)
@@ -176,7 +176,7 @@ class CompiledModel:
             record = _json(open_file(f"graphs/{name}.json"), folder, name)
             graphs[name] = _compiled_from_record(record, tensors, backend, folder)
             for fn, src in graphs[name].sources.items():
-                if open_file(f"kernels/{fn}.c").decode() != src:
+                if open_file(f"kernels/{fn}{backend.source_suffix}").decode() != src:
                     raise KilnError(f"kiln: {folder}: kernel {fn} differs from what this Kiln "
                                     "renders; the artifact is corrupted, compile it again")
         tokenizer = None
