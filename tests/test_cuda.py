@@ -3,6 +3,7 @@
 checked against the reference and PyTorch."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import torch
 
 import kiln
 from kiln.codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda
+from kiln.codegen.library import LibraryConfig
 from kiln.codegen.schedule import schedule
 from kiln.frontend.hf import load_lowered, lower_causal_lm
 from tests.helpers import tiny_llama
@@ -110,6 +112,15 @@ def test_rendered_kernels_match_golden_snapshots(tiny_kernels):
             path.write_text(rendered)
         assert path.exists(), f"no snapshot {path}; run with KILN_UPDATE_GOLDEN=1"
         assert rendered == path.read_text(), f"{name} differs from its snapshot {path}"
+
+
+def test_every_configuration_round_trips_through_the_artifacts_json(tiny_kernels):
+    """A loaded CUDA artifact rebuilds each kernel's configuration from JSON, library calls too."""
+    from kiln.runtime.cuda import CudaBackend
+    configs = {c for k in tiny_kernels for c in CudaBackend.config_space(k)}
+    assert any(isinstance(c, LibraryConfig) for c in configs) and len(configs) > 2
+    for config in configs:
+        assert CudaBackend.config_from_json(json.loads(json.dumps(config.to_json()))) == config
 
 
 def test_cuda_backend_without_a_gpu_says_so():
