@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..ir import KilnError
@@ -22,21 +22,48 @@ class Ruleset:
     disabled: dict[str, tuple[str, Rule]] = field(default_factory=dict)
 
 
-def _from_module(topic: str, module) -> Ruleset:
+def _from_module(topic: str, module, source: str) -> Ruleset:
     stage = getattr(module, "STAGE", None)
     if stage not in STAGES:
         raise KilnError(f"kiln: rule module {topic} has STAGE={stage!r}; use one of {', '.join(STAGES)}")
-    return Ruleset(topic, stage, list(module.RULES), dict(getattr(module, "DISABLED", {})))
+    rules = [replace(r, source=source) for r in module.RULES]
+    disabled = {name: (reason, replace(r, source=source))
+                for name, (reason, r) in getattr(module, "DISABLED", {}).items()}
+    return Ruleset(topic, stage, rules, disabled)
+
+
+_LOADED: dict[str, Ruleset] = {}
+
+
+def find(source: str, full_name: str) -> Rule:
+    """A rule, enabled or disabled, from the module or rule file `source`: how a process that
+    did not load it (the e-graph's) gets it. Each source is loaded once per process."""
+    if source not in _LOADED:
+        if Path(source).suffix == ".py":
+            _LOADED[source] = load_file(source)
+        else:
+            _LOADED[source] = _from_module(source.rsplit(".", 1)[-1], importlib.import_module(source), source)
+    ruleset = _LOADED[source]
+    for rule in [*ruleset.rules, *(r for _, r in ruleset.disabled.values())]:
+        if rule.full_name == full_name:
+            return rule
+    raise KilnError(f"kiln: {source} defines no rule {full_name}")
+
+
+def modules() -> list[str]:
+    """The names of the package's modules, rule modules among them."""
+    from .. import rewrites
+    return [f"{rewrites.__name__}.{info.name}" for info in pkgutil.iter_modules(rewrites.__path__)]
 
 
 def library() -> dict[str, Ruleset]:
     """Every rule module of the package, by topic."""
-    from .. import rewrites
     out = {}
-    for info in pkgutil.iter_modules(rewrites.__path__):
-        module = importlib.import_module(f"{rewrites.__name__}.{info.name}")
+    for name in modules():
+        module = importlib.import_module(name)
         if hasattr(module, "RULES"):
-            out[info.name] = _from_module(info.name, module)
+            topic = name.rsplit(".", 1)[-1]
+            out[topic] = _from_module(topic, module, name)
     return out
 
 
@@ -53,4 +80,4 @@ def load_file(path: str) -> Ruleset:
         raise KilnError(f"kiln: cannot load rules from {path}: {type(err).__name__}: {err}") from err
     if not hasattr(module, "RULES"):
         raise KilnError(f"kiln: {path} defines no RULES list")
-    return _from_module(file.stem, module)
+    return _from_module(file.stem, module, str(file.resolve()))

@@ -66,6 +66,7 @@ class Rule:
     name: str
     why: str
     egg: Any
+    source: str = ""    # the module or rule file that defines it, where a fresh process finds it
 
     @property
     def full_name(self) -> str:

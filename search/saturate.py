@@ -2,11 +2,15 @@
 
 Stages run in order (analysis rules run to saturation before every iteration of every stage).
 After each iteration the e-node count, the iteration count and the stage's wall time are checked
-against the limits. The e-graph lives in a forked child: an egglog abort or running out of memory
+against the limits. The e-graph lives in a child process: an egglog abort or running out of memory
 (the child's address space is capped) ends that stage with the e-graph the previous stage
-reached, and the report says so, instead of taking the compile down. A child silent far past its
-stage's limit is hung: it prints its Python stack, is killed, and the saturation runs once more in
-a fresh child (a hang seen on CI, rare and not reproduced, before any rule had run).
+reached, and the report says so, instead of taking the compile down; so does a child silent far
+past its stage's limit (hung), which prints its Python stack before it is killed.
+
+The child is forked from a fresh server process, never from the caller: egglog's thread pool
+(rayon) is process-wide, and a child forked from a caller that had used egglog inherits the pool
+without its threads, so the first parallel step or e-graph freed there waits forever. The
+program crosses as graph JSON and the rules as (source, name), loaded again in the child.
 """
 from __future__ import annotations
 
@@ -15,12 +19,13 @@ import json
 import multiprocessing
 import resource
 import time
-import warnings
 from dataclasses import dataclass, field
 
 from egglog import EGraph, ruleset
 
-from ..rewrites.registry import Ruleset
+from ..ir import Graph, KilnError
+from ..ir.serialize import graph_from_json, graph_to_json
+from ..rewrites.registry import Ruleset, find
 from .adapter import EGraphView, Encoded, dump, encode, new_egraph, view
 from .language import CONSTRUCTORS
 
@@ -99,7 +104,8 @@ def _run_stages(enc: Encoded, stages: list[tuple[str, list]], analysis: list, li
         send(("stage", report, dump(egraph)))
 
 
-def _child(conn, enc, stages, analysis, limits) -> None:
+def _child(conn, program: dict, ops: list[str], stage_refs: list, analysis_refs: list,
+           limits: Limits) -> None:
     # an abort here is expected and reported by the parent; no Python crash dump on stderr
     faulthandler.disable()
     # but a hang shows its stack on stderr before the parent's patience runs out and kills it
@@ -112,7 +118,11 @@ def _child(conn, enc, stages, analysis, limits) -> None:
     watchdog()
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
     try:
-        _run_stages(enc, stages, analysis, limits, send)
+        enc = encode(graph_from_json(program).outputs)
+        if [n.op.value for n in enc.order] != ops:  # the parent reads the dump by let names
+            raise RuntimeError("the program read back in the e-graph process differs from the caller's")
+        stages = [(stage, [find(*ref) for ref in refs]) for stage, refs in stage_refs]
+        _run_stages(enc, stages, [find(*ref) for ref in analysis_refs], limits, send)
         conn.send(("done", None, None))
     except Exception as err:  # egglog raises its own error types; report any, the parent decides
         conn.send(("error", f"{type(err).__name__}: {err}", None))
@@ -150,23 +160,29 @@ def saturate(outputs, rulesets: list[Ruleset], limits: Limits = Limits(), isolat
     return Saturated(enc, view(enc, last_dump), reports)
 
 
+def _ref(rule) -> tuple[str, str]:
+    if not rule.source:
+        raise KilnError(f"kiln: rule {rule.full_name} has no source; take rules from the library or "
+                        "a rule file (rewrites.registry) so that the e-graph's process can load them")
+    return rule.source, rule.full_name
+
+
+def _context():
+    from ..rewrites.registry import modules
+    context = multiprocessing.get_context("forkserver")
+    # the server imports egglog and the rules once; each child forks from it
+    context.set_forkserver_preload([__name__, *modules()])
+    return context
+
+
 def _saturate_in_child(enc, stages, analysis, limits, reports) -> str | None:
-    first_try: list[StageReport] = []
-    last_dump, hung = _one_child(enc, stages, analysis, limits, first_try)
-    if hung:
-        warnings.warn(f"the e-graph process hung ({first_try[-1].stop}); saturating again in a fresh one")
-        last_dump, _ = _one_child(enc, stages, analysis, limits, reports)
-    else:
-        reports.extend(first_try)
-    return last_dump
-
-
-def _one_child(enc, stages, analysis, limits, reports) -> tuple[str | None, bool]:
-    """Saturate in one forked child; the e-graph the last finished stage reached, and whether the
-    child hung."""
-    ctx = multiprocessing.get_context("fork")  # Nodes are not picklable; the child inherits them
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, enc, stages, analysis, limits), daemon=True)
+    """Saturate in a child; the e-graph the last finished stage reached."""
+    context = _context()
+    parent, child = context.Pipe(duplex=False)
+    args = (child, graph_to_json(Graph(inputs=[], outputs=list(enc.outputs))),
+            [n.op.value for n in enc.order], [(stage, [_ref(r) for r in rules]) for stage, rules in stages],
+            [_ref(r) for r in analysis], limits)
+    proc = context.Process(target=_child, args=args, daemon=True)
     proc.start()
     child.close()
     last_dump, hung = None, False
@@ -180,8 +196,15 @@ def _one_child(enc, stages, analysis, limits, reports) -> tuple[str | None, bool
         except EOFError:  # the child died mid-stage (an egglog abort or out of memory), or hung
             proc.join()
             kind = "error"
-            report = (f"the e-graph process hung (no report in {limits.patience:.0f} s; killed)" if hung
-                      else f"the e-graph process died (exit code {proc.exitcode})")
+            if hung:
+                report = f"the e-graph process hung (no report in {limits.patience:.0f} s; killed)"
+            elif not reports and proc.exitcode == 1:  # Python failed before the child's own code
+                raise KilnError(
+                    "kiln: the e-graph process failed to start (its error is on stderr). Most often: "
+                    "multiprocessing runs the main script again in it, so a script that calls Kiln "
+                    "must guard its entry point with `if __name__ == \"__main__\":`")
+            else:
+                report = f"the e-graph process died (exit code {proc.exitcode})"
         if kind == "stage":
             report.eclasses = _term_classes(dumped)
             reports.append(report)
@@ -192,7 +215,7 @@ def _one_child(enc, stages, analysis, limits, reports) -> tuple[str | None, bool
             stage = next((s for s, _ in stages if s not in done), "?")
             reports.append(StageReport(stage, stop=f"crashed: {report}; kept the e-graph before it"))
         proc.join()
-        return last_dump, hung
+        return last_dump
 
 
 def _term_classes(dumped: str) -> int:

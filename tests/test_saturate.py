@@ -42,23 +42,17 @@ def test_an_egglog_abort_keeps_the_previous_stage():
     assert len(result.graph.term_classes) == algebra.eclasses  # what the algebra stage reached
 
 
-def test_a_hung_child_is_killed_and_the_saturation_runs_again(monkeypatch, tmp_path, recwarn):
-    """The first child hangs before any rule runs (as one did on CI, once in many runs): after the
-    patience it is killed, and a fresh child saturates."""
+
+def test_the_egraph_process_does_not_inherit_the_callers_state(monkeypatch):
+    """A child forked from the caller inherits its state, egglog's thread pool among it: when the
+    caller had used egglog, the child waited forever on pool threads that fork did not copy (seen
+    on CI). Here the caller's state is a saturation that would hang; the e-graph's process,
+    forked from a fresh server, never sees it."""
     from kiln.search import saturate as module
-    run_stages, marker = module._run_stages, tmp_path / "hung-once"
 
-    def hang_the_first_time(*args):
-        if not marker.exists():
-            marker.touch()
-            time.sleep(3600)
-        run_stages(*args)
+    def hang(*args):
+        time.sleep(3600)
 
-    monkeypatch.setattr(module, "_run_stages", hang_the_first_time)
-    limits = Limits(max_seconds=1, slack_seconds=1)
-    start = time.perf_counter()
-    result = saturate([long_sum(4)], [library()["algebra"]], limits)
-    assert marker.exists() and time.perf_counter() - start < 3 * limits.patience
-    (algebra,) = result.stages
+    monkeypatch.setattr(module, "_run_stages", hang)
+    (algebra,) = saturate([long_sum(4)], [library()["algebra"]], Limits(max_seconds=1, slack_seconds=1)).stages
     assert algebra.stop == "saturated" and algebra.enodes > 0
-    assert any("hung (no report in 3 s; killed)" in str(w.message) for w in recwarn)
