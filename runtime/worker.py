@@ -15,10 +15,11 @@ outcome; `{"region": FOLDER}` switches the worker to the next region and gets `{
 A region travels as an artifact folder (graph JSON and safetensors, never pickle); measurements
 go straight from the worker into the tuning database, which is what the parent reads them from.
 
-Run as `python -m kiln.runtime.worker FOLDER` (the parent does this)."""
+Run as `python -m kiln.runtime.worker FOLDER PARENT_PID` (the parent does this)."""
 from __future__ import annotations
 
 import json
+import os
 import queue
 import shutil
 import signal
@@ -154,7 +155,7 @@ class IsolatedEvaluate:
         if self._proc is not None and self._proc.poll() is None:
             return
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", f"{__package__}.worker", str(self.folder)],
+            [sys.executable, "-m", f"{__package__}.worker", str(self.folder), str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._lines, self._stderr = queue.Queue(), []
         threading.Thread(target=_pump, args=(self._proc.stdout, self._lines), daemon=True).start()
@@ -213,9 +214,10 @@ def _keep(stream, sink: list[str]) -> None:
 
 
 # --- the worker -------------------------------------------------------------------------------
-def serve(folder: Path) -> None:
+def serve(folder: Path, parent: int) -> None:
     from ..search.tunedb import TuneDB
     from .model import make_backend
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     protocol, sys.stdout = sys.stdout, sys.stderr     # stray prints must not break the protocol
     trial = folder.parent / TRIAL
     backend, measurer, db = None, None, None
@@ -232,6 +234,14 @@ def serve(folder: Path) -> None:
         folder = _answer(requests, measurer, trial, protocol)
         if folder is None:
             return
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A worker stuck in a kernel never reads the end of its stdin: when its parent is gone (a
+    compile killed), it would spin on a core or the GPU for ever. It notices within a second."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
 
 
 def _measurer(backend, db, spec: dict, tensors: dict, trial: Path, default: str) -> Measurer:
@@ -273,4 +283,4 @@ def _write_trial(path: Path, name: str, config: str, symbols: dict, default: boo
 
 
 if __name__ == "__main__":
-    serve(Path(sys.argv[1]))
+    serve(Path(sys.argv[1]), int(sys.argv[2]))

@@ -3,7 +3,11 @@ candidate and its own configuration. The faults are real: a compiled kernel in t
 replaced by one that segfaults or never returns, and the real worker runs it."""
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,3 +154,65 @@ def test_one_worker_serves_region_after_region(tmp_path, monkeypatch):
         assert evaluate_._proc.pid == pid
     finally:
         evaluate_.close()
+
+
+
+PARENT = """
+import sys
+from tests.test_worker import VARIANT, _region
+from kiln.runtime.worker import IsolatedEvaluate
+region, outputs = _region()
+IsolatedEvaluate("cpu", sys.argv[1], "test-machine", region, timeout_s=600,
+                 trial_timeout_s=600)(outputs, VARIANT)
+"""
+
+
+def test_a_worker_stuck_in_a_kernel_exits_when_its_parent_is_killed(tmp_path, monkeypatch):
+    """A compile killed while its worker runs a kernel that never returns: the worker never
+    reads the end of its stdin, and spun on for ever, orphaned (seen here after a killed test
+    run). Now it exits within seconds of its parent."""
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))      # the worker's folder, and its trial file
+    planted, config = _plant(cache_dir(), "for (;;) {}")
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path / "tune.sqlite")],
+                              cwd=Path(__file__).parents[1], stderr=subprocess.DEVNULL)
+    try:
+        deadline, hung = time.monotonic() + 120, None
+        while hung is None and time.monotonic() < deadline:
+            trial = next(tmp_path.glob("kiln-worker-*/trial.json"), None)
+            try:
+                current = json.loads(trial.read_text()) if trial else {}
+            except (OSError, ValueError):   # written as we read, or gone between its trials
+                current = {}
+            if (current.get("name"), current.get("config")) == (planted, config):
+                hung = _worker_of(parent.pid)
+            time.sleep(0.2)
+        assert hung is not None, "the worker never reached the planted kernel"
+        time.sleep(1)    # well inside the kernel
+        parent.kill()
+        parent.wait()
+        gone = time.monotonic() + 10
+        while _alive(hung) and time.monotonic() < gone:
+            time.sleep(0.2)
+        assert not _alive(hung), "the worker outlived its parent"
+    finally:
+        parent.kill()
+
+
+def _worker_of(pid: int) -> int:
+    (child,) = [int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat")
+                if _stat(stat)[1:2] == [str(pid)]]
+    return child
+
+
+def _alive(pid: int) -> bool:
+    state = _stat(Path(f"/proc/{pid}/stat"))
+    return bool(state) and state[0] != "Z"
+
+
+def _stat(path: Path) -> list[str]:
+    """State and parent pid, from /proc/PID/stat ([] once the process is gone)."""
+    try:
+        return path.read_text().rsplit(")", 1)[1].split()[:2]
+    except OSError:
+        return []
