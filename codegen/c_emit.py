@@ -18,21 +18,34 @@ _UNSIGNED = {DType.I32: "uint32_t", DType.I64: "uint64_t"}
 LOWEST = {DType.I32: "INT32_MIN", DType.I64: "INT64_MIN", DType.BOOL: "false"}   # MaxReduce's start;
 # floats start at -INFINITY
 
+# helpers both dialects share, written once: KILN_FN is each dialect's inline function prefix
+SHARED_HELPERS = r"""
+KILN_FN int64_t kiln_min(int64_t a, int64_t b) { return a < b ? a : b; }
+KILN_FN int64_t kiln_max(int64_t a, int64_t b) { return a > b ? a : b; }
+KILN_FN int64_t kiln_floordiv(int64_t a, int64_t b) {
+  return a / b - (a % b != 0 && (a < 0) != (b < 0));
+}
+KILN_FN int64_t kiln_mod(int64_t a, int64_t b) {
+  int64_t r = a % b;
+  return r != 0 && (r < 0) != (b < 0) ? r + b : r;
+}
+/* Cast float -> integer (ir/ops.py cast_array): toward zero, saturating, NaN to 0; a plain C cast
+   of an out-of-range value is undefined */
+KILN_FN int32_t kiln_f2i32(float f) {
+  return f != f ? 0 : f >= 2147483648.0f ? 2147483647 : f < -2147483648.0f ? (-2147483647 - 1) : (int32_t)f;
+}
+KILN_FN int64_t kiln_f2i64(float f) {
+  return f != f ? 0 : f >= 9223372036854775808.0f ? INT64_C(9223372036854775807)
+       : f < -9223372036854775808.0f ? INT64_MIN : (int64_t)f;
+}
+"""
+
 PRELUDE = r"""
 #include <stdint.h>
 #include <stdbool.h>
 #include <math.h>
 #include <string.h>
-static inline int64_t kiln_min(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t kiln_max(int64_t a, int64_t b) { return a > b ? a : b; }
-static inline int64_t kiln_floordiv(int64_t a, int64_t b) {
-  return a / b - (a % b != 0 && (a < 0) != (b < 0));
-}
-static inline int64_t kiln_mod(int64_t a, int64_t b) {
-  int64_t r = a % b;
-  return r != 0 && (r < 0) != (b < 0) ? r + b : r;
-}
-static inline float kiln_bf16_load(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+""" + SHARED_HELPERS.replace("KILN_FN", "static inline") + r"""static inline float kiln_bf16_load(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline uint16_t kiln_bf16_store(float f) {
   uint32_t u; memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
@@ -69,10 +82,12 @@ def op_code(op: Op, dtype: DType, operand: DType, args: list[str]) -> str:
         return f"({a} < {b})"
     if op is Op.WHERE:
         return f"({args[0]} ? {args[1]} : {args[2]})"
-    if op is Op.CAST:
+    if op is Op.CAST:     # the meaning: ir/ops.py cast_array
         if dtype is DType.BOOL:
             return f"({a} != 0)"
-        return f"(({COMPUTE[dtype]})({a}))"
+        if dtype.is_int and operand.is_float:
+            return f"kiln_f2{dtype.value}({a})"
+        return f"(({COMPUTE[dtype]})({a}))"    # to f16/bf16 through f32: the caller rounds again
     raise NotImplementedError(f"no C for {op.value}")
 
 

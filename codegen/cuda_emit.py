@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..ir.dtypes import DType, accumulator
 from ..ir.ops import Op
 from ..ir.symbolic import Expr, sym
-from .c_emit import COMPUTE, LOWEST, STORAGE, _Body, free_vars, index_code, store_code
+from .c_emit import COMPUTE, LOWEST, SHARED_HELPERS, STORAGE, _Body, free_vars, index_code, store_code
 from .index import substitute
 from .kernel import Kernel, Load, Reduce, Scalar
 
@@ -32,16 +32,7 @@ typedef unsigned short uint16_t;
 #include <stdint.h>
 #include <math.h>
 #endif
-__device__ __forceinline__ int64_t kiln_min(int64_t a, int64_t b) { return a < b ? a : b; }
-__device__ __forceinline__ int64_t kiln_max(int64_t a, int64_t b) { return a > b ? a : b; }
-__device__ __forceinline__ int64_t kiln_floordiv(int64_t a, int64_t b) {
-  return a / b - (a % b != 0 && (a < 0) != (b < 0));
-}
-__device__ __forceinline__ int64_t kiln_mod(int64_t a, int64_t b) {
-  int64_t r = a % b;
-  return r != 0 && (r < 0) != (b < 0) ? r + b : r;
-}
-__device__ __forceinline__ float kiln_bf16_load(uint16_t h) { return __int_as_float(((unsigned)h) << 16); }
+""" + SHARED_HELPERS.replace("KILN_FN", "__device__ __forceinline__") + r"""__device__ __forceinline__ float kiln_bf16_load(uint16_t h) { return __int_as_float(((unsigned)h) << 16); }
 __device__ __forceinline__ uint16_t kiln_bf16_store(float f) {
   unsigned u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);

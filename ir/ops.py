@@ -242,15 +242,59 @@ def _concat_shape(shapes, attrs):
 
 
 # --- numpy semantics --------------------------------------------------------------------------
-_LOW_FLOATS = (DType.F16.np, DType.BF16.np)
+_LOW_FLOATS = ("float16", "bfloat16")     # by name: bf16's numpy type loads only when used
+
+
+def cast_array(x: np.ndarray, dtype: DType) -> np.ndarray:
+    """What Cast means, for every pair of dtypes; the emitters implement the same (numpy's and
+    ml_dtypes' own casts differ between versions and leave out-of-range values undefined):
+    - to bool: x != 0 (NaN is true);
+    - float to integer: toward zero; beyond the type's range it saturates to its min or max, and
+      NaN gives 0 (PyTorch leaves both undefined: its CPU kernels give INT_MIN, CUDA saturates);
+    - to f16 and bf16: rounded to nearest even from f32, integers first rounded to f32, as
+      PyTorch's casts do (so 2^24 + 2^16 + 1 goes to 2^24, a tie after the first rounding);
+      NaN stays NaN and what overflows becomes an infinity;
+    - to f32: rounded to nearest even once; between integers and from bool: exact, or wrapped
+      modulo 2^32 from i64 to i32."""
+    target = dtype.np
+    if x.dtype == target:
+        return x
+    if dtype is DType.BOOL:
+        return np.not_equal(x, 0)
+    if dtype.is_int and x.dtype.kind not in "iub":      # from a float (bf16's kind is "V")
+        return _float_to_int(x.astype(np.float64), target)
+    if dtype in (DType.F16, DType.BF16) and x.dtype != np.float32:
+        x = x.astype(np.float32)                        # exact from f16/bf16 and bool
+    if dtype is DType.BF16:
+        return _f32_to_bf16(x)
+    with np.errstate(over="ignore"):                    # to an infinity, as defined
+        return x.astype(target)
+
+
+def _float_to_int(f: np.ndarray, target: np.dtype) -> np.ndarray:
+    info = np.iinfo(target)
+    low, high = float(info.min), float(info.max) + 1     # both exact: -2^(b-1) and 2^(b-1)
+    with np.errstate(invalid="ignore"):
+        above, below = f >= high, f < low
+        inside = np.where(above | below | np.isnan(f), 0.0, f)
+    return np.where(above, info.max, np.where(below, info.min, np.trunc(inside).astype(target))
+                    ).astype(target)
+
+
+def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """Round to nearest even on the bits (as the emitters' kiln_bf16_store); NaN stays quiet NaN."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000       # the rounding below wraps only for NaN's bits
+    bits = np.where(nan, (u >> 16) | 0x40, (u + 0x7FFF + ((u >> 16) & 1)) >> 16)
+    return bits.astype(np.uint16).view(DType.BF16.np).reshape(np.shape(x))
 
 
 def _elementwise(fn: Callable[..., np.ndarray]):
     """Low-precision floats compute in f32 and round once, as PyTorch's CPU kernels do."""
     def evaluate(ctx: EvalCtx, *args: np.ndarray) -> np.ndarray:
-        args = tuple(a.astype(np.float32) if a.dtype in _LOW_FLOATS else a for a in args)
+        args = tuple(a.astype(np.float32) if a.dtype.name in _LOW_FLOATS else a for a in args)
         with np.errstate(all="ignore"):
-            return np.asarray(fn(*args)).astype(ctx.dtype.np, copy=False)
+            return cast_array(np.asarray(fn(*args)), ctx.dtype)
     return evaluate
 
 
@@ -333,7 +377,7 @@ OPS: dict[Op, OpSpec] = {s.op: s for s in [
     # value[i] = expr with IOTA_INDEX bound to i (and the graph's symbols to theirs)
     _spec(Op.IOTA, Kind.SOURCE, 0, ("expr", "length", "dtype"), _attr_dtype, _iota_shape, _iota),
     _spec(Op.CAST, Kind.CAST, 1, ("dtype",), _attr_dtype, _same_shape(Op.CAST),
-          lambda ctx, x: x.astype(ctx.dtype.np)),
+          lambda ctx, x: cast_array(x, ctx.dtype)),
     # np.take: out[..., j..., ...] = table[..., idx[j...], ...] along axis
     _spec(Op.GATHER, Kind.INDEX, 2, ("axis",), _gather_dtype, _gather_shape,
           lambda ctx, t, i: np.take(t, i, axis=ctx.attrs["axis"])),
