@@ -7,25 +7,27 @@ against the limits. The e-graph lives in a child process: an egglog abort or run
 reached, and the report says so, instead of taking the compile down; so does a child silent far
 past its stage's limit (hung), which prints its Python stack before it is killed.
 
-The child is forked from a fresh server process, never from the caller: egglog's thread pool
-(rayon) is process-wide, and a child forked from a caller that had used egglog inherits the pool
-without its threads, so the first parallel step or e-graph freed there waits forever. The
-program crosses as graph JSON and the rules as (source, name), loaded again in the child.
+The child is a fresh interpreter (`egraph_process`), never a fork: egglog's thread pool (rayon)
+is process-wide, and a child forked from a caller that had used egglog inherits the pool without
+its threads, so the first parallel step or e-graph freed there waits forever; and a forkserver or
+spawn start runs the caller's main script again in the child, which breaks a plain script
+without an `if __name__ == "__main__":` guard. The program crosses as graph JSON and the rules as
+(source, name), loaded again in the child; reports and e-graph dumps come back as JSON lines.
+One child serves saturation after saturation (its start-up, a second of imports, is paid once)
+and is replaced after it crashed or hung.
 """
 from __future__ import annotations
 
-import faulthandler
 import json
-import multiprocessing
-import resource
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from egglog import EGraph, ruleset
 
 from ..ir import Graph, KilnError
-from ..ir.serialize import graph_from_json, graph_to_json
-from ..rewrites.registry import Ruleset, find
+from ..ir.serialize import graph_to_json
+from ..rewrites.registry import Ruleset
+from . import egraph_process
 from .adapter import EGraphView, Encoded, dump, encode, new_egraph, view
 from .language import CONSTRUCTORS
 
@@ -69,6 +71,7 @@ def _enode_count(egraph: EGraph) -> int:
 
 
 def _run_stages(enc: Encoded, stages: list[tuple[str, list]], analysis: list, limits: Limits, send) -> None:
+    """Saturate stage by stage; `send(report, dump)` after each stage (the child's next line)."""
     egraph = new_egraph(enc)
     analyses = ruleset(*(r.egg for r in analysis), name="analysis") if analysis else None
     for stage, rules in stages:
@@ -79,7 +82,7 @@ def _run_stages(enc: Encoded, stages: list[tuple[str, list]], analysis: list, li
         else:
             schedule = rules_now
         if schedule is None:
-            send(("stage", report, dump(egraph)))
+            send(report, dump(egraph))
             continue
         start = time.perf_counter()
         while True:
@@ -101,33 +104,7 @@ def _run_stages(enc: Encoded, stages: list[tuple[str, list]], analysis: list, li
             else:
                 continue
             break
-        send(("stage", report, dump(egraph)))
-
-
-def _child(conn, program: dict, ops: list[str], stage_refs: list, analysis_refs: list,
-           limits: Limits) -> None:
-    # an abort here is expected and reported by the parent; no Python crash dump on stderr
-    faulthandler.disable()
-    # but a hang shows its stack on stderr before the parent's patience runs out and kills it
-    watchdog = lambda: faulthandler.dump_traceback_later(max(1.0, limits.patience - 2))
-
-    def send(message) -> None:
-        conn.send(message)
-        watchdog()
-
-    watchdog()
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-    try:
-        enc = encode(graph_from_json(program).outputs)
-        if [n.op.value for n in enc.order] != ops:  # the parent reads the dump by let names
-            raise RuntimeError("the program read back in the e-graph process differs from the caller's")
-        stages = [(stage, [find(*ref) for ref in refs]) for stage, refs in stage_refs]
-        _run_stages(enc, stages, [find(*ref) for ref in analysis_refs], limits, send)
-        conn.send(("done", None, None))
-    except Exception as err:  # egglog raises its own error types; report any, the parent decides
-        conn.send(("error", f"{type(err).__name__}: {err}", None))
-    finally:
-        conn.close()
+        send(report, dump(egraph))
 
 
 def _plan(rulesets: list[Ruleset]) -> tuple[list[tuple[str, list]], list]:
@@ -148,8 +125,8 @@ def saturate(outputs, rulesets: list[Ruleset], limits: Limits = Limits(), isolat
     last_dump = None
     if not isolate:
         messages: list = []
-        _run_stages(enc, stages, analysis, limits, messages.append)
-        for _, report, dumped in messages:
+        _run_stages(enc, stages, analysis, limits, lambda report, dumped: messages.append((report, dumped)))
+        for report, dumped in messages:
             report.eclasses = _term_classes(dumped)
             reports.append(report)
             last_dump = dumped
@@ -167,55 +144,35 @@ def _ref(rule) -> tuple[str, str]:
     return rule.source, rule.full_name
 
 
-def _context():
-    from ..rewrites.registry import modules
-    context = multiprocessing.get_context("forkserver")
-    # the server imports egglog and the rules once; each child forks from it
-    context.set_forkserver_preload([__name__, *modules()])
-    return context
-
-
 def _saturate_in_child(enc, stages, analysis, limits, reports) -> str | None:
-    """Saturate in a child; the e-graph the last finished stage reached."""
-    context = _context()
-    parent, child = context.Pipe(duplex=False)
-    args = (child, graph_to_json(Graph(inputs=[], outputs=list(enc.outputs))),
-            [n.op.value for n in enc.order], [(stage, [_ref(r) for r in rules]) for stage, rules in stages],
-            [_ref(r) for r in analysis], limits)
-    proc = context.Process(target=_child, args=args, daemon=True)
-    proc.start()
-    child.close()
-    last_dump, hung = None, False
-    while True:
-        try:
-            if not parent.poll(limits.patience):
-                proc.kill()
-                hung = True
-                raise EOFError
-            kind, report, dumped = parent.recv()
-        except EOFError:  # the child died mid-stage (an egglog abort or out of memory), or hung
-            proc.join()
-            kind = "error"
-            if hung:
-                report = f"the e-graph process hung (no report in {limits.patience:.0f} s; killed)"
-            elif not reports and proc.exitcode == 1:  # Python failed before the child's own code
-                raise KilnError(
-                    "kiln: the e-graph process failed to start (its error is on stderr). Most often: "
-                    "multiprocessing runs the main script again in it, so a script that calls Kiln "
-                    "must guard its entry point with `if __name__ == \"__main__\":`")
-            else:
-                report = f"the e-graph process died (exit code {proc.exitcode})"
-        if kind == "stage":
-            report.eclasses = _term_classes(dumped)
+    """Saturate in the e-graph process; the e-graph the last finished stage reached."""
+    request = {"program": graph_to_json(Graph(inputs=[], outputs=list(enc.outputs))),
+               "ops": [n.op.value for n in enc.order],
+               "stages": [(stage, [_ref(r) for r in rules]) for stage, rules in stages],
+               "analysis": [_ref(r) for r in analysis], "limits": asdict(limits)}
+    last_dump, failure = None, None
+    with egraph_process.lease(limits.memory_bytes) as child:
+        message = child.receive(limits.patience) if child.send(request) else None
+        while isinstance(message, dict) and "stage" in message:
+            report = StageReport(**message["stage"])
+            report.eclasses = _term_classes(message["dump"])
             reports.append(report)
-            last_dump = dumped
-            continue
-        if kind == "error":
-            done = {r.stage for r in reports}
-            stage = next((s for s, _ in stages if s not in done), "?")
-            reports.append(StageReport(stage, stop=f"crashed: {report}; kept the e-graph before it"))
-        proc.join()
-        return last_dump
+            last_dump = message["dump"]
+            message = child.receive(limits.patience)
+        if message is egraph_process.SILENT:
+            child.exit_text()  # kills it
+            failure = f"the e-graph process hung (no report in {limits.patience:.0f} s; killed)"
+        elif message is None:  # the child died mid-stage (an egglog abort or out of memory)
+            failure = f"the e-graph process died ({child.exit_text()})"
+        elif "error" in message:
+            failure = message["error"]
+        else:
+            child.done(message["address_space"])
+    if failure is not None:
+        done = {r.stage for r in reports}
+        stage = next((s for s, _ in stages if s not in done), "?")
+        reports.append(StageReport(stage, stop=f"crashed: {failure}; kept the e-graph before it"))
+    return last_dump
 
 
 def _term_classes(dumped: str) -> int:
