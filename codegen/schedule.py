@@ -29,6 +29,10 @@ class FusionPolicy:
         return f"inline{self.inline_limit}-bcast{self.broadcast_limit}"
 
 
+# the fusion policies the search chooses among, by name (a tuner "variant")
+POLICIES = {p.key(): p for p in (FusionPolicy(12, 1), FusionPolicy(4, 0), FusionPolicy(32, 3))}
+
+
 @dataclass
 class Buffer:
     name: str

@@ -1,9 +1,10 @@
-"""Element types of the IR and their numpy counterparts (bf16 through ml_dtypes)."""
+"""Element types of the IR and their numpy counterparts (bf16 through ml_dtypes, imported on
+first use: it takes about a second to import, which `kiln --help` should not pay)."""
 from __future__ import annotations
 
 from enum import Enum
+from functools import cache
 
-import ml_dtypes
 import numpy as np
 
 
@@ -17,7 +18,7 @@ class DType(Enum):
 
     @property
     def np(self) -> np.dtype:
-        return _NUMPY[self]
+        return _numpy_dtypes()[self]
 
     @property
     def is_float(self) -> bool:
@@ -35,20 +36,27 @@ class DType(Enum):
         return self.value
 
 
-_NUMPY = {
-    DType.F32: np.dtype(np.float32),
-    DType.F16: np.dtype(np.float16),
-    DType.BF16: np.dtype(ml_dtypes.bfloat16),
-    DType.I32: np.dtype(np.int32),
-    DType.I64: np.dtype(np.int64),
-    DType.BOOL: np.dtype(np.bool_),
-}
-_FROM_NUMPY = {v: k for k, v in _NUMPY.items()}
+@cache
+def _numpy_dtypes() -> dict[DType, np.dtype]:
+    import ml_dtypes
+    return {
+        DType.F32: np.dtype(np.float32),
+        DType.F16: np.dtype(np.float16),
+        DType.BF16: np.dtype(ml_dtypes.bfloat16),
+        DType.I32: np.dtype(np.int32),
+        DType.I64: np.dtype(np.int64),
+        DType.BOOL: np.dtype(np.bool_),
+    }
+
+
+@cache
+def _from_numpy_dtypes() -> dict[np.dtype, DType]:
+    return {v: k for k, v in _numpy_dtypes().items()}
 
 
 def from_numpy(dtype: np.dtype) -> DType:
     try:
-        return _FROM_NUMPY[np.dtype(dtype)]
+        return _from_numpy_dtypes()[np.dtype(dtype)]
     except KeyError:
         raise TypeError(f"kiln has no dtype for numpy {np.dtype(dtype)}; "
                         f"supported: {', '.join(d.value for d in DType)}") from None

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from torch.utils._pytree import treespec_dumps, treespec_loads
 
 from .dtypes import DType
 from .errors import KilnError
@@ -37,8 +36,8 @@ def graph_to_json(graph: Graph) -> dict:
         "inputs": [index[id(n)] for n in graph.inputs],
         "outputs": [index[id(n)] for n in graph.outputs],
         "symbols": {name: [lo, hi] for name, (lo, hi) in graph.symbols.items()},
-        "in_spec": None if graph.in_spec is None else treespec_dumps(graph.in_spec),
-        "out_spec": None if graph.out_spec is None else treespec_dumps(graph.out_spec),
+        "in_spec": _dump_spec(graph.in_spec),
+        "out_spec": _dump_spec(graph.out_spec),
     }
 
 
@@ -152,8 +151,20 @@ def _decode_atom(atom: Any) -> str | Call:
     raise ValueError(f"not an encoded dimension atom: {atom!r}")
 
 
+# torch's pytree specs: torch is imported only for a graph that has them (a module's), so that
+# the e-graph's process, which reads region graphs, starts without it
+def _dump_spec(spec) -> str | None:
+    if spec is None:
+        return None
+    from torch.utils._pytree import treespec_dumps
+    return treespec_dumps(spec)
+
+
 def _load_spec(text: str | None):
-    return None if text is None else treespec_loads(text)
+    if text is None:
+        return None
+    from torch.utils._pytree import treespec_loads
+    return treespec_loads(text)
 
 
 def _checked_weights(graph: Graph, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -116,16 +116,24 @@ class CublasGemm:
         self.gemm, self.cp, self.fallback = gemm, cp, fallback
         self._plans: dict[tuple, BlasCall | None] = {}
 
+    def plan(self, env: dict[str, int]) -> BlasCall | None:
+        key = tuple(sorted(env.items()))
+        if key not in self._plans:
+            self._plans[key] = plan(self.gemm, env)
+        return self._plans[key]
+
+    def capturable(self, env: dict[str, int]) -> bool:
+        """Whether these sizes run as one cuBLAS call, which a CUDA graph can record (the
+        fallback allocates f32 copies, which a recording must not)."""
+        return self.plan(env) is not None
+
     def launcher(self, kernel):
         names = [kernel.output.name, *(b.name for b in kernel.inputs)]
         generic = self.fallback.launcher(kernel)
         one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)   # read at each call
 
         def launch(args, env):
-            key = tuple(sorted(env.items()))
-            if key not in self._plans:
-                self._plans[key] = plan(self.gemm, env)
-            call = self._plans[key]
+            call = self.plan(env)
             if call is None:
                 return generic(args, env)
             pointers = dict(zip(names, (a.data.ptr for a in args)))
@@ -146,18 +154,21 @@ _HANDLES: dict[int, tuple] = {}
 
 
 def _handle(cp):
-    """CuPy's cuBLAS handle for this device, given a workspace of its own once, so that cuBLAS
-    allocates nothing while a CUDA graph is being captured."""
+    """CuPy's cuBLAS handle for this device, set to the stream now current (a CUDA graph's
+    capture stream while one is recorded: a call on another stream would run instead of being
+    recorded), with a workspace of its own allocated once, so that cuBLAS allocates nothing while
+    a graph is captured. Both are set at every call: cublasSetStream resets the workspace to
+    cuBLAS's default, and CuPy's own cuBLAS calls set the stream on the same handle."""
     device = cp.cuda.Device().id
     if device not in _HANDLES:
         try:
             from cupy_backends.cuda.libs import cublas
         except ImportError:
             from cupy.cuda import cublas
-        handle = cp.cuda.device.get_cublas_handle()
-        workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)
-        if hasattr(cublas, "setWorkspace"):
-            cublas.setWorkspace(handle, workspace.data.ptr, WORKSPACE_BYTES)
-        _HANDLES[device] = (cublas, handle, workspace)
-    cublas, handle, _ = _HANDLES[device]
+        _HANDLES[device] = (cublas, cp.cuda.device.get_cublas_handle(),
+                            cp.empty(WORKSPACE_BYTES, dtype=cp.uint8))
+    cublas, handle, workspace = _HANDLES[device]
+    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+    if hasattr(cublas, "setWorkspace"):
+        cublas.setWorkspace(handle, workspace.data.ptr, WORKSPACE_BYTES)
     return cublas, handle

@@ -13,7 +13,7 @@ from ..codegen.kernel import Kernel, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
 from ..ir.dtypes import DType
 from ..ir.errors import CompileError, KilnError
-from .cublas import CublasGemm
+from .cublas import CublasGemm, plan
 from .library import ArrayInterop, LibraryKernel
 
 _MAX_BLOCKS = 65535 * 8      # the grid-stride loop covers the rest
@@ -59,7 +59,14 @@ class CudaBackend:
 
     @staticmethod
     def config_space(kernel: Kernel) -> list[CudaConfig | LibraryConfig]:
-        return with_library(config_space(kernel), kernel)
+        """The template's configurations, and the cuBLAS call where one can take the product: at
+        fixed sizes only where `plan` maps it to one call (the fallback, CuPy's matmul on f32
+        copies, is slow and allocates, so it would keep decode from replaying a CUDA graph)."""
+        space = with_library(config_space(kernel), kernel)
+        gemm = as_gemm(kernel)
+        if gemm is not None and all(e.is_const for e in gemm.extents.values()) and plan(gemm, {}) is None:
+            space = [c for c in space if not isinstance(c, LibraryConfig)]
+        return space
 
     @staticmethod
     def default_config() -> CudaConfig:
@@ -175,6 +182,11 @@ class CudaBackend:
         def launch(args, env):
             fn(grid or (blocks(env),), block, tuple(args))
         return launch
+
+    @staticmethod
+    def capturable(fn) -> bool:
+        """Whether a CUDA graph can record `fn` at fixed sizes (no symbols bound)."""
+        return not isinstance(fn, CublasGemm) or fn.capturable({})
 
     def capture(self, body):
         """Record the kernels `body` launches into a CUDA graph (nothing runs yet); returns a

@@ -19,7 +19,8 @@ from ..search.budget import parse_budget
 from ..search.tuner import Progress
 from ..search.tunedb import TuneDB
 from .artifact import check_writable
-from .compiler import CompiledGraph, GraphReport, compile_graph
+from .compiled import CompiledGraph
+from .compiler import GraphReport, compile_graph
 from .hardware import fingerprint_id
 from .model import CompiledModel, fingerprint, make_backend
 

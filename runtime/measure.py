@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from ..codegen.kernel import Kernel, KernelConfig, arithmetic_ops, traffic_bytes
-from ..codegen.schedule import FusionPolicy, Program, schedule
+from ..codegen.schedule import POLICIES, Program, schedule
 from ..ir import Graph, Node
 from ..ir.compare import mismatch, tolerance
 from ..ir.errors import CompileError
@@ -19,8 +19,6 @@ from ..search.tuner import Outcome
 from ..search.tunedb import TuneDB
 from .executor import Executor
 
-# the fusion policies the search chooses among, by name (a tuner "variant")
-POLICIES = {p.key(): p for p in (FusionPolicy(12, 1), FusionPolicy(4, 0), FusionPolicy(32, 3))}
 TIMING_TARGET_S = 0.002      # per kernel and configuration: repeat until this much time is spent
 MAX_REPEATS = 50
 

@@ -15,7 +15,7 @@ from ..ir import DType, Graph, KilnError
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..search import regions as regionlib
 from .artifact import read_artifact, write_artifact
-from .compiler import Choice, CompiledGraph
+from .compiled import Choice, CompiledGraph
 from .hardware import describe_mismatch, fingerprint_id
 from .sampling import generate_tokens
 

@@ -80,6 +80,34 @@ def test_artifact_round_trip(tiny):
     assert kernels and all("void k_" in k.read_text() for k in kernels)
 
 
+def _modules_after(code: str, *args: str) -> set[str]:
+    """The modules a fresh interpreter has loaded after running `code` (it prints nothing else)."""
+    script = code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+def test_running_an_artifact_never_imports_the_search_or_the_frontend(tiny):
+    """kiln.load and generate run kernels: egglog, the rules, the search and torch.export's
+    lowering stay unloaded (they cost seconds to import and are not needed)."""
+    _, compiled, root = tiny
+    loaded = _modules_after("import sys, kiln\nlm = kiln.load(sys.argv[1])\n"
+                            "assert lm.generate([9, 8, 7], max_new_tokens=4)", str(root / "artifact"))
+    assert "kiln.runtime.compiled" in loaded
+    for heavy in ("egglog", "kiln.search.saturate", "kiln.search.extract", "kiln.rewrites.registry",
+                  "kiln.runtime.compiler", "kiln.frontend.lower"):
+        assert heavy not in loaded, heavy
+
+
+def test_import_kiln_loads_neither_torch_nor_egglog():
+    """What `kiln --help` pays for: the package's names load on first use."""
+    loaded = _modules_after("import kiln, kiln.cli")
+    for heavy in ("torch", "egglog", "ml_dtypes", "transformers", "kiln.runtime.model"):
+        assert heavy not in loaded, heavy
+    assert "click" in loaded
+
+
 def test_search_journals_candidates_and_kernel_timings(tiny):
     _, compiled, root = tiny
     with sqlite3.connect(root / "tune.sqlite") as db:

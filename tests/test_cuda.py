@@ -15,9 +15,10 @@ import torch
 
 import kiln
 from kiln.codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda
-from kiln.codegen.library import LibraryConfig
+from kiln.codegen.library import LibraryConfig, is_library
 from kiln.codegen.schedule import schedule
 from kiln.frontend.hf import load_lowered, lower_causal_lm
+from kiln.ir import DType, run
 from tests.helpers import tiny_llama
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -101,6 +102,20 @@ def _golden_cases(kernels):
             "elementwise": (elementwise, CudaConfig(256, 1, 1))}
 
 
+def test_a_library_call_is_offered_only_where_cublas_takes_it_at_fixed_sizes(tiny_kernels):
+    """Decode's sizes are fixed: a product cuBLAS cannot take in one call (the f32 x bf16 of
+    attention's PV) would fall back to CuPy's allocating matmul and keep the step from replaying
+    a CUDA graph, so the search is never offered it."""
+    from kiln.codegen.library import as_gemm
+    from kiln.runtime.cublas import plan
+    from kiln.runtime.cuda import CudaBackend
+    fixed = [k for k in tiny_kernels if as_gemm(k) and all(e.is_const for e in as_gemm(k).extents.values())]
+    offered = {k: LibraryConfig() in CudaBackend.config_space(k) for k in fixed}
+    assert any(offered.values()) and not all(offered.values())
+    for kernel, library in offered.items():
+        assert library == (plan(as_gemm(kernel), {}) is not None), kernel.label
+
+
 def test_rendered_kernels_match_golden_snapshots(tiny_kernels):
     """A change to what the emitter writes must be deliberate: KILN_UPDATE_GOLDEN=1 rewrites the
     snapshots, and the diff goes into the commit."""
@@ -164,13 +179,30 @@ def test_bf16_logits_within_2e_2_of_pytorch(tmp_path):
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-2
 
 
+def with_cublas_products(compiled):
+    """The same regions with every matrix product the search may run as a cuBLAS call run so."""
+    from kiln.runtime.compiled import Choice, CompiledGraph
+    choices = {}
+    for key, choice in compiled.choices.items():
+        executor = next(ex for r, ex in zip(compiled.regions, compiled.executors) if r.key == key)
+        configs = [LibraryConfig() if LibraryConfig() in compiled.backend.config_space(k) else c
+                   for k, c in zip(executor.program.kernels, choice.configs)]
+        choices[key] = Choice(choice.outputs, choice.variant, configs)
+    return CompiledGraph(compiled.graph, choices, compiled.backend)
+
+
+@pytest.mark.parametrize("products", ["generated", "cublas"])
 @needs_gpu
-def test_decode_replays_one_cuda_graph_per_token_with_the_same_results():
-    from kiln.runtime.compiler import CompiledGraph
+def test_decode_replays_one_cuda_graph_per_token_with_the_same_results(products):
+    """Whatever the search picks, cuBLAS calls included, decode replays one recording."""
+    from kiln.runtime.compiled import CompiledGraph
     from kiln.runtime.cuda import CudaBackend
     _, lm = tiny_case("tiny2_bf16")
     backend = CudaBackend()
     decode = CompiledGraph.untuned(lm.decode, backend)
+    if products == "cublas":
+        decode = with_cublas_products(decode)
+        assert any(is_library(name) for name in decode.sources)
     assert decode._replayable
     rng = np.random.default_rng(2)
     zeros = [np.zeros(tuple(d.value for d in n.shape), n.dtype.np) for n in lm.decode.inputs[2:]]
@@ -183,6 +215,31 @@ def test_decode_replays_one_cuda_graph_per_token_with_the_same_results():
     assert decode._recording is not None
     for a, b in zip(replayed, launched):   # the cache was written in place by the replays
         assert np.array_equal(backend.cp.asnumpy(a), backend.cp.asnumpy(b))
+
+
+@pytest.mark.parametrize("source", list(DType), ids=repr)
+@needs_gpu
+def test_cuda_kernels_cast_as_the_reference_does(source):
+    """The cast edge values of tests/test_cast.py, every pair of dtypes and back, on the GPU."""
+    from kiln.runtime.cuda import CudaBackend
+    from kiln.runtime.executor import Executor
+    from tests.test_cast import cast_graph, same
+    graph, args = cast_graph(source)
+    program = schedule(graph)
+    executor = Executor(graph, program, [CudaConfig()] * len(program.kernels), CudaBackend())
+    for got, want in zip(executor.host_outputs(*args), run(graph, args)):
+        assert same(got, want), (got, want)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
+def test_cast_kernels_compile_with_nvcc(tmp_path):
+    from tests.test_cast import cast_graph
+    kernels = [k for source in DType for k in schedule(cast_graph(source)[0]).kernels]
+    unit = tmp_path / "casts.cu"
+    unit.write_text(PRELUDE + "\n".join(emit_cuda(k, CudaConfig(), f"k{i}") for i, k in enumerate(kernels)))
+    result = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", str(unit), "-o", str(tmp_path / "casts.ptx")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 def save_tiny_cases(folder: str) -> None:

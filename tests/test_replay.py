@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.frontend.hf import lower_causal_lm
-from kiln.runtime.compiler import CompiledGraph
+from kiln.runtime.compiled import CompiledGraph
 from kiln.runtime.cpu import CpuBackend
 from tests.helpers import tiny_llama
 
@@ -54,6 +54,10 @@ class RecordingCpuBackend(CpuBackend):
             else:
                 self.record.append((launch, list(args), env))
         return recorded
+
+    @staticmethod
+    def capturable(fn) -> bool:
+        return True
 
     def capture(self, body):
         self.record, self.captures = [], self.captures + 1

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from kiln.codegen.kernel import KernelConfig
-from kiln.codegen.schedule import schedule
+from kiln.codegen.schedule import POLICIES, schedule
 from kiln.ir import DType, Graph, Node, Op, evaluate
 from kiln.ir.build import reduce
 from kiln.ir.symbolic import shape_of
 from kiln.runtime.cpu import CpuBackend, cache_dir
-from kiln.runtime.measure import POLICIES, Measurer, Region
+from kiln.runtime.measure import Measurer, Region
 from kiln.runtime.worker import IsolatedEvaluate
 from kiln.search.tunedb import TuneDB
 

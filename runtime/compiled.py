@@ -1,0 +1,130 @@
+"""A compiled graph: its regions run as the search chose them (a `Choice` per distinct region),
+identical layers the same kernels on their own weights. What running an artifact needs, and
+nothing of the search."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..codegen.kernel import KernelConfig
+from ..codegen.schedule import POLICIES, schedule
+from ..ir import Graph, Node
+from ..ir.graph import is_weight
+from ..search import regions as regionlib
+from .executor import Executor
+
+
+@dataclass
+class Choice:
+    """The winner of one distinct region: its program (over the region's Input nodes), the
+    fusion policy it is scheduled with, and each kernel's configuration."""
+    outputs: list[Node]
+    variant: str
+    configs: list[KernelConfig]
+
+
+def region_graph(graph: Graph, region: regionlib.Region, outputs: list[Node]) -> Graph:
+    """A region's program over its own inputs, reading this region's weights."""
+    weights = {i.attrs["name"]: graph.weights[f.attrs["name"]]
+               for i, f in zip(region.inputs, region.feeds) if is_weight(i)}
+    return Graph(inputs=[i for i in region.inputs if not is_weight(i)], outputs=list(outputs),
+                 weights=weights, symbols=dict(graph.symbols))
+
+
+class CompiledGraph:
+    """A graph whose regions run as the search chose them."""
+
+    def __init__(self, graph: Graph, choices: dict[str, Choice], backend):
+        self.graph, self.choices, self.backend = graph, choices, backend
+        self._recording = None
+        self.regions = regionlib.split(graph)
+        self.executors = []
+        first: dict[str, Executor] = {}     # identical regions share a program and its kernels
+        for region in self.regions:
+            choice = choices[region.key]
+            sub = region_graph(graph, region, choice.outputs)
+            like = first.get(region.key)
+            program = like.program if like else schedule(sub, POLICIES[choice.variant])
+            executor = Executor(sub, program, choice.configs, backend, like=like)
+            first.setdefault(region.key, executor)
+            self.executors.append(executor)
+
+    @classmethod
+    def untuned(cls, graph: Graph, backend) -> CompiledGraph:
+        """Every region as lowered, with the first fusion policy and default configurations: no
+        search (diagnostics, and tests of the machinery around the kernels)."""
+        variant = next(iter(POLICIES))
+        choices = {}
+        for region in regionlib.split(graph):
+            if region.key not in choices:
+                program = schedule(region_graph(graph, region, region.outputs), POLICIES[variant])
+                choices[region.key] = Choice(region.outputs, variant,
+                                             [backend.default_config()] * len(program.kernels))
+        return cls(graph, choices, backend)
+
+    @property
+    def sources(self) -> dict[str, str]:
+        return {name: src for ex in self.executors for name, src in ex.sources}
+
+    @property
+    def kernel_count(self) -> int:
+        return sum(len(ex.program.kernels) for ex in self.executors)
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(ex.plan.peak_bytes for ex in self.executors)
+
+    def __call__(self, *args) -> list:
+        """Outputs as the backend's arrays (numpy on the CPU); inputs numpy or the backend's.
+        Where the backend records launches (CUDA graphs) and every input size is fixed (decode),
+        a call replays the recording."""
+        if self._replayable:
+            return self._replay(args)
+        return self._run([self.backend.input(a) for a in args], copy=True)
+
+    @property
+    def _replayable(self) -> bool:
+        """A recording holds while no symbol changes: every input size fixed, no symbol a kernel
+        reads (writing one would copy from the host inside the recording); and every kernel one
+        the backend can record at these sizes (a cuBLAS call can; CuPy's matmul fallback
+        allocates temporaries, which a recording must not)."""
+        return (hasattr(self.backend, "capture") and
+                all(d.is_const for n in self.graph.inputs for d in n.shape) and
+                not any(k.symbols for ex in self.executors for k in ex.program.kernels) and
+                all(self.backend.capturable(fn) for ex in self.executors for fn in ex.functions))
+
+    def _run(self, args: list, copy: bool) -> list:
+        dtypes = [self.backend.logical_dtype(a, n.dtype) for a, n in zip(args, self.graph.inputs)]
+        self.graph.bind_symbols([tuple(a.shape) for a in args], dtypes)
+        values: dict[int, object] = {id(n): a for n, a in zip(self.graph.inputs, args)}
+        for region, executor in zip(self.regions, self.executors):
+            feeds = [values[id(f)] for i, f in zip(region.inputs, region.feeds) if not is_weight(i)]
+            # between regions, outputs stay in the producing executor's memory (it runs once a call)
+            for node, value in zip(region.produces, executor(*feeds, copy=copy)):
+                values[id(node)] = value
+        return [values[id(o)] for o in self.graph.outputs]
+
+    def _replay(self, args) -> list:
+        """Host inputs (token ids, positions) are copied into fixed device buffers; device inputs
+        (the KV cache) are used where they are, so a recording holds for as long as the caller
+        passes the same device arrays."""
+        b = self.backend
+        key = tuple(b.address(a) if b.is_device(a) else (np.shape(a), np.asarray(a).dtype.str) for a in args)
+        if self._recording is None or self._recording[0] != key:
+            self._recording = None      # free the old recording's buffers first
+            staged = [a if b.is_device(a) else b.input(np.asarray(a)) for a in args]
+            self._run(staged, copy=False)     # loads every kernel; checks inputs outside the recording
+            outputs: list = []
+            replay = b.capture(lambda: outputs.extend(self._run(staged, copy=False)))
+            self._recording = (key, staged, outputs, replay)
+        _, staged, outputs, replay = self._recording
+        for buffer, a in zip(staged, args):
+            if buffer is not a:
+                b.write(buffer, np.asarray(a))
+        replay()
+        passed = {id(a) for a in staged}
+        return [o if id(o) in passed else o.copy() for o in outputs]
+
+    def host(self, *args) -> list[np.ndarray]:
+        return [self.backend.to_host(out, node.dtype) for out, node in zip(self(*args), self.graph.outputs)]
