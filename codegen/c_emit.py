@@ -55,6 +55,7 @@ static inline float kiln_f16_load(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); r
 static inline uint16_t kiln_f16_store(float f) { _Float16 v = (_Float16)f; uint16_t h; memcpy(&h, &v, 2); return h; }
 static inline float kiln_bf16_round(float f) { return kiln_bf16_load(kiln_bf16_store(f)); }
 static inline float kiln_f16_round(float f) { return kiln_f16_load(kiln_f16_store(f)); }
+static inline bool kiln_f2bool(float f) { return f != 0; }
 """
 
 _UNARY_F32 = {Op.EXP2: "exp2f({0})", Op.LOG2: "log2f({0})", Op.SIN: "sinf({0})",
@@ -84,7 +85,7 @@ def op_code(op: Op, dtype: DType, operand: DType, args: list[str]) -> str:
         return f"({args[0]} ? {args[1]} : {args[2]})"
     if op is Op.CAST:     # the meaning: ir/ops.py cast_array
         if dtype is DType.BOOL:
-            return f"({a} != 0)"
+            return f"kiln_f2bool({a})" if operand.is_float else f"({a} != 0)"
         if dtype.is_int and operand.is_float:
             return f"kiln_f2{dtype.value}({a})"
         return f"(({COMPUTE[dtype]})({a}))"    # to f16/bf16 through f32: the caller rounds again

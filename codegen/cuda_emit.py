@@ -46,6 +46,8 @@ __device__ __forceinline__ uint16_t kiln_f16_store(float f) {
 }
 __device__ __forceinline__ float kiln_bf16_round(float f) { return kiln_bf16_load(kiln_bf16_store(f)); }
 __device__ __forceinline__ float kiln_f16_round(float f) { return kiln_f16_load(kiln_f16_store(f)); }
+// on the bits: CuPy compiles with -ftz=true, under which f != 0 is false for a subnormal f
+__device__ __forceinline__ bool kiln_f2bool(float f) { return (__float_as_uint(f) << 1) != 0; }
 """
 
 # 16 bytes at a time: how a vector of each storage type is read and unpacked into floats
