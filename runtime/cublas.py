@@ -6,6 +6,7 @@ CuPy's matmul, by contrast, needs f32 copies of bf16 operands (a layer's weights
 `plan` is pure arithmetic on strides, so the layouts are tested without a GPU."""
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from ..codegen.library import Gemm, Operand
 from ..ir.dtypes import DType
+from ..ir.errors import KilnError
 
 # cudaDataType_t and cublasComputeType_t values (library_types.h, cublas_api.h)
 CUDA_TYPE = {DType.F32: 0, DType.F16: 2, DType.BF16: 14}
@@ -137,38 +139,81 @@ class CublasGemm:
             if call is None:
                 return generic(args, env)
             pointers = dict(zip(names, (a.data.ptr for a in args)))
-            cublas, handle = _handle(self.cp)
+            blas = handle(self.cp)
+            blas.use_stream(self.cp.cuda.get_current_stream().ptr)
 
             def at(m: Matrix) -> int:
                 return pointers[m.buffer] + m.offset * m.dtype.np.itemsize
-            cublas.gemmStridedBatchedEx(
-                handle, int(call.a.transposed), int(call.b.transposed), call.rows, call.cols, call.k,
+            blas.check(blas.lib.cublasGemmStridedBatchedEx(
+                blas.handle, int(call.a.transposed), int(call.b.transposed), call.rows, call.cols, call.k,
                 one.ctypes.data, at(call.a), CUDA_TYPE[call.a.dtype], call.a.ld, call.a.batch_stride,
                 at(call.b), CUDA_TYPE[call.b.dtype], call.b.ld, call.b.batch_stride,
                 zero.ctypes.data, at(call.c), CUDA_TYPE[call.c.dtype], call.c.ld, call.c.batch_stride,
-                call.batch, COMPUTE_32F, GEMM_DEFAULT)
+                call.batch, COMPUTE_32F, GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
         return launch
 
 
-_HANDLES: dict[int, tuple] = {}
+class Handle:
+    """Kiln's own cuBLAS handle, called through ctypes. CuPy's wrappers set their handle's stream
+    before every call and refuse to while a stream is being captured, so no CUDA graph could
+    record them. This one is set to a stream (with a workspace allocated once: cublasSetStream
+    resets the workspace to cuBLAS's default, which may allocate) only when the stream changes,
+    and before a capture begins, so a captured call makes no such call and allocates nothing."""
+
+    _GEMM_ARGS = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
+                  ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
+                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
+                  ctypes.c_int, ctypes.c_int, ctypes.c_int]
+
+    def __init__(self, cp):
+        cp.cuda.device.get_cublas_handle()        # CuPy loads libcublas; use the same library
+        self.lib = ctypes.CDLL(_loaded_library("libcublas.so"))
+        self.lib.cublasGemmStridedBatchedEx.argtypes = self._GEMM_ARGS
+        self.lib.cublasSetStream_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        self.lib.cublasSetWorkspace_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        handle = ctypes.c_void_p()
+        self.check(self.lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+        self.handle = handle
+        self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)
+        self.stream: int | None = None
+
+    def use_stream(self, stream: int) -> None:
+        if stream != self.stream:
+            self.check(self.lib.cublasSetStream_v2(self.handle, stream), "cublasSetStream")
+            self.check(self.lib.cublasSetWorkspace_v2(self.handle, self.workspace.data.ptr, WORKSPACE_BYTES),
+                       "cublasSetWorkspace")
+            self.stream = stream
+
+    @staticmethod
+    def check(status: int, what: str) -> None:
+        if status != 0:
+            raise KilnError(f"kiln: {what} failed with cuBLAS status {status}")
 
 
-def _handle(cp):
-    """CuPy's cuBLAS handle for this device, set to the stream now current (a CUDA graph's
-    capture stream while one is recorded: a call on another stream would run instead of being
-    recorded), with a workspace of its own allocated once, so that cuBLAS allocates nothing while
-    a graph is captured. Both are set at every call: cublasSetStream resets the workspace to
-    cuBLAS's default, and CuPy's own cuBLAS calls set the stream on the same handle."""
+_HANDLES: dict[int, Handle] = {}
+
+
+def handle(cp) -> Handle:
+    """This device's handle (made on first use)."""
     device = cp.cuda.Device().id
     if device not in _HANDLES:
-        try:
-            from cupy_backends.cuda.libs import cublas
-        except ImportError:
-            from cupy.cuda import cublas
-        _HANDLES[device] = (cublas, cp.cuda.device.get_cublas_handle(),
-                            cp.empty(WORKSPACE_BYTES, dtype=cp.uint8))
-    cublas, handle, workspace = _HANDLES[device]
-    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
-    if hasattr(cublas, "setWorkspace"):
-        cublas.setWorkspace(handle, workspace.data.ptr, WORKSPACE_BYTES)
-    return cublas, handle
+        _HANDLES[device] = Handle(cp)
+    return _HANDLES[device]
+
+
+def before_capture(cp, stream: int) -> None:
+    """Point the handle, where one is in use, at the stream a CUDA graph is about to capture."""
+    device = cp.cuda.Device().id
+    if device in _HANDLES:
+        _HANDLES[device].use_stream(stream)
+
+
+def _loaded_library(name: str) -> str:
+    """The path of a shared library this process has loaded (CuPy's libcublas), else `name`."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            if f"/{name}" in path:
+                return path
+    return name

@@ -13,7 +13,7 @@ from ..codegen.kernel import Kernel, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
 from ..ir.dtypes import DType
 from ..ir.errors import CompileError, KilnError
-from .cublas import CublasGemm, plan
+from .cublas import CublasGemm, before_capture, plan
 from .library import ArrayInterop, LibraryKernel
 
 _MAX_BLOCKS = 65535 * 8      # the grid-stride loop covers the rest
@@ -192,6 +192,7 @@ class CudaBackend:
         """Record the kernels `body` launches into a CUDA graph (nothing runs yet); returns a
         function that replays them. `body` must not allocate or copy from the host."""
         with self._stream:
+            before_capture(self.cp, self._stream.ptr)
             self._stream.begin_capture()
             try:
                 body()

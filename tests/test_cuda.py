@@ -116,6 +116,15 @@ def test_a_library_call_is_offered_only_where_cublas_takes_it_at_fixed_sizes(tin
         assert library == (plan(as_gemm(kernel), {}) is not None), kernel.label
 
 
+def test_the_cublas_library_is_found_where_the_process_loaded_it():
+    """Kiln calls the libcublas CuPy loaded (a second copy would be a second cuBLAS): its path is
+    read from the process's mappings; here, with no cuBLAS, the C library stands in."""
+    from kiln.runtime.cublas import _loaded_library
+    path = _loaded_library("libc.so")
+    assert path.startswith("/") and Path(path).exists()
+    assert _loaded_library("libkiln-nothing.so") == "libkiln-nothing.so"
+
+
 def test_rendered_kernels_match_golden_snapshots(tiny_kernels):
     """A change to what the emitter writes must be deliberate: KILN_UPDATE_GOLDEN=1 rewrites the
     snapshots, and the diff goes into the commit."""
