@@ -130,6 +130,25 @@ def test_a_wrong_configuration_does_not_spoil_the_kernels_measured_after_it(tmp_
     assert rejected == [(planted, config)]
 
 
+def test_past_the_deadline_a_product_is_still_timed_as_a_library_call(tmp_path, monkeypatch):
+    """With the budget spent, a candidate's kernels are timed in the default configuration and,
+    where the product can be one, as a library call (no compile, and it can win by 100x on a
+    large product); the template's other configurations wait for a compile with budget left."""
+    from kiln.codegen.library import LibraryConfig
+    from kiln.search.budget import Deadline
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path))
+    region, outputs = _region()
+    backend = CpuBackend()
+    (kernel,) = schedule(region.graph(outputs), POLICIES[VARIANT]).kernels
+    space = backend.config_space(kernel)
+    assert len(space) > 2 and isinstance(space[1], LibraryConfig)
+    with TuneDB(tmp_path / "tune.sqlite") as db:
+        outcome = Measurer(backend, db, "test-machine", region, deadline=Deadline(0)).evaluate(outputs, VARIANT)
+        assert outcome.status == "ok", outcome
+        timed = [c for c in space if db.kernel_time("test-machine", backend.render(kernel, c)[0], c.key(), {})]
+    assert timed == space[:2]
+
+
 def test_one_worker_serves_region_after_region(tmp_path, monkeypatch):
     """A compile loads each distinct region into the same worker: its start-up is paid once."""
     monkeypatch.setenv("KILN_CACHE", str(tmp_path))
