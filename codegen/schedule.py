@@ -21,16 +21,21 @@ from .kernel import (Apply, Bind, BufferArg, Const, InRange, IndexValue, Kernel,
 class FusionPolicy:
     """How much elementwise work may be recomputed instead of stored: `inline_limit` ops for a
     value several kernels read, `broadcast_limit` for one read under a broadcast (recomputed for
-    every broadcast element, e.g. an activation feeding a matrix product)."""
+    every broadcast element, e.g. an activation feeding a matrix product). `epilogues`: a
+    reduction whose only reader is an elementwise chain ending in a kernel of the same points runs
+    inside that kernel (a GEMV and its cast, residual add or KV-cache write as one kernel), at the
+    price of the library call: a product with an epilogue is a generated kernel."""
     inline_limit: int = 12
     broadcast_limit: int = 1
+    epilogues: bool = False
 
     def key(self) -> str:
-        return f"inline{self.inline_limit}-bcast{self.broadcast_limit}"
+        return f"inline{self.inline_limit}-bcast{self.broadcast_limit}" + ("-epilogue" if self.epilogues else "")
 
 
 # the fusion policies the search chooses among, by name (a tuner "variant")
-POLICIES = {p.key(): p for p in (FusionPolicy(12, 1), FusionPolicy(4, 0), FusionPolicy(32, 3))}
+POLICIES = {p.key(): p for p in (FusionPolicy(12, 1), FusionPolicy(12, 1, epilogues=True),
+                                  FusionPolicy(4, 0), FusionPolicy(32, 3, epilogues=True))}
 
 
 @dataclass
@@ -130,7 +135,33 @@ class _Scheduler:
                             continue
                     roots.add(id(node))
                     cost[id(node)] = 0
+        if self.policy.epilogues:
+            roots -= self._epilogue_reductions(roots)
         return roots
+
+    def _epilogue_reductions(self, roots: set[int]) -> set[int]:
+        """Reductions that can run inside the kernel that reads them: each is read by one chain of
+        single-reader elementwise ops and point-preserving views ending at a kernel that is no
+        reduction itself, visits every point of it once (no broadcast, no pad), and takes in no
+        other such reduction (a kernel holds one reduction at its points, the one a group of
+        threads shares on the GPU)."""
+        outputs = {id(n) for n in self.graph.outputs}
+        fused: dict[int, int] = {}          # kernel root -> the reduction fused into it
+        for node in self.order:
+            if node.op not in REDUCE or id(node) in outputs:
+                continue
+            current = node
+            while True:
+                readers = self.users.get(id(current), [])
+                if len(readers) != 1 or not _keeps_points(readers[0], current):
+                    break
+                current = readers[0]
+                if id(current) in roots:
+                    in_place = current.op is not Op.SLICE_UPDATE or self._in_place_target(current)
+                    if current.op not in REDUCE and in_place and id(current) not in fused:
+                        fused[id(current)] = id(node)
+                    break
+        return set(fused.values())
 
     def _buffer(self, node: Node, role: str, source: str = "") -> str:
         if id(node) in self.buffer_of:
@@ -286,6 +317,18 @@ class _Scheduler:
                               node.dtype)
             return value
         raise NotImplementedError(f"no kernel lowering for view {op.value}")
+
+
+def _keeps_points(reader: Node, value: Node) -> bool:
+    """Whether `reader` reads `value` once per point of its own: an elementwise op, a view that
+    only renames points, or a slice update's source (written in place, a point per update)."""
+    if reader.op in ELEMENTWISE:
+        return True
+    if reader.op is Op.SLICE_UPDATE:
+        return reader.inputs[1] is value and reader.inputs[0] is not value and reader.inputs[2] is not value
+    if reader.op is Op.EXPAND:
+        return reader.shape == value.shape
+    return reader.op in (Op.RESHAPE, Op.PERMUTE, Op.SLICE)
 
 
 def _clamped(where: Scalar, extent: Expr) -> Scalar:

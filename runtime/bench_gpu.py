@@ -109,7 +109,20 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
     result["kiln_decode_tokens_per_s"] = _decode_rate(kiln_step, tokens)
     result["kiln_kernels_per_token"] = decode.kernel_count
     result["kiln_decode_replays_a_graph"] = decode._recording is not None
-    _log(result, json_path, "kiln_decode_tokens_per_s", "kiln_kernels_per_token")
+    regions = compiled.report["graphs"]["decode"]["regions"]
+    # what the step costs beside what its kernels cost one by one: the share lost between kernels
+    result["kiln_decode_kernel_sum_s"] = sum(r["estimate_s"] * r["count"] for r in regions)
+    result["kiln_decode_regions_end_to_end_s"] = sum(r["end_to_end_s"] * r["count"] for r in regions)
+    _log(result, json_path, "kiln_decode_tokens_per_s", "kiln_kernels_per_token", "kiln_decode_kernel_sum_s",
+         "kiln_decode_regions_end_to_end_s")
+    inside = _kernels_inside_a_step(kiln_step, tokens, compiled.report["graphs"]["decode"])
+    if inside:
+        result["kiln_decode_in_graph"] = inside
+        print(f"  in the replayed step: {inside['kernels']} kernels, busy {inside['busy_s'] * 1e6:.0f} us "
+              f"of {inside['step_s'] * 1e6:.0f} us (the rest is the gaps between kernels)", flush=True)
+        for row in inside["slowest"][:10]:
+            print(f"    {row['seconds'] * 1e6:7.1f} us x{row['calls']:<3d} {row['label']} "
+                  f"{row['bytes_per_s'] / 1e9:.0f} GB/s", flush=True)
     result["kiln_prefill_tokens_per_s"] = _prefill_rate(lambda: compiled.prefill_graph(prefill)(prompt), prefill)
     result["kiln_report"] = compiled.report
     _log(result, json_path, "kiln_prefill_tokens_per_s")
@@ -174,6 +187,36 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
     return result
 
 
+def _kernels_inside_a_step(step, first: int, report: dict, steps: int = 3) -> dict | None:
+    """Each kernel's duration inside the replayed decode step, from the CUDA activity trace that
+    torch's profiler (CUPTI) records for the whole process, CuPy's launches and graph replays too:
+    the time kernels are busy beside the step's span, and the slowest kernels by label. None where
+    the trace holds no kernel."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for k in range(steps):
+            step(first + k)
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not events:
+        return None
+    known = {k["function"]: k for r in report.get("regions", []) for k in r.get("kernels", [])}
+    per: dict[str, list[float]] = {}
+    for e in events:
+        per.setdefault(e.name, []).append(e.time_range.elapsed_us() / 1e6)
+    span = (max(e.time_range.end for e in events) - min(e.time_range.start for e in events)) / 1e6
+    rows = []
+    for name, times in per.items():
+        k = known.get(name, {})
+        mean = sum(times) / len(times)
+        rows.append({"function": name, "label": k.get("label", name[:40]), "calls": len(times) // steps,
+                     "seconds": sum(times) / steps, "bytes_per_s": k.get("bytes", 0) / mean if mean else 0.0})
+    rows.sort(key=lambda r: -r["seconds"])
+    return {"kernels": len(events) // steps, "busy_s": sum(r["seconds"] for r in rows),
+            "step_s": span / steps, "slowest": rows[:25]}
+
+
 def _rel_error(got: list, want: list) -> float:
     """The largest relative error (2-norm) over the decode steps both have."""
     return max(float(np.linalg.norm(g.astype(np.float32) - w) / np.linalg.norm(w)) for g, w in zip(got, want))
@@ -215,6 +258,9 @@ def run_gpu_bench(spec: str, dtype: str, tokens: int, budget: str, max_seq: int,
                   f"{r.get(f'{system}_prefill_tokens_per_s', float('nan')):14.0f}")
     print(f"  kiln compile {r['kiln_compile_s']:.0f} s, {r['kiln_kernels_per_token']} kernels per token "
           f"({'one CUDA graph replay' if r['kiln_decode_replays_a_graph'] else 'launched one by one'}), "
+          f"a step {1e6 / r['kiln_decode_tokens_per_s']:.0f} us beside its kernels' sum "
+          f"{r['kiln_decode_kernel_sum_s'] * 1e6:.0f} us (timed one by one) and its regions' "
+          f"{r['kiln_decode_regions_end_to_end_s'] * 1e6:.0f} us (each replayed alone); "
           f"logits vs eager rel. error {r['kiln_vs_eager_rel_error']:.1e}" +
           (f"; vs fp32: Kiln {r['kiln_vs_fp32_rel_error']:.1e}, eager {r['eager_vs_fp32_rel_error']:.1e}"
            if "kiln_vs_fp32_rel_error" in r else ""))

@@ -85,14 +85,10 @@ class CompiledGraph:
 
     @property
     def _replayable(self) -> bool:
-        """A recording holds while no symbol changes: every input size fixed, no symbol a kernel
-        reads (writing one would copy from the host inside the recording); and every kernel one
-        the backend can record at these sizes (a cuBLAS call can; CuPy's matmul fallback
-        allocates temporaries, which a recording must not)."""
+        """A recording holds while no size changes and every region's executor can be recorded."""
         return (hasattr(self.backend, "capture") and
                 all(d.is_const for n in self.graph.inputs for d in n.shape) and
-                not any(k.symbols for ex in self.executors for k in ex.program.kernels) and
-                all(self.backend.capturable(fn) for ex in self.executors for fn in ex.functions))
+                all(ex.replayable for ex in self.executors))
 
     def _run(self, args: list, copy: bool) -> list:
         dtypes = [self.backend.logical_dtype(a, n.dtype) for a, n in zip(args, self.graph.inputs)]

@@ -100,6 +100,15 @@ class Executor:
         self._launchers = [backend.launcher(fn, k, c)
                            for fn, k, c in zip(self.functions, program.kernels, self.configs)]
 
+    @property
+    def replayable(self) -> bool:
+        """Whether a recording of one call (a CUDA graph) replays it for any later call: every input
+        size fixed, no symbol a kernel reads (writing one copies from the host), and every kernel
+        one the backend can record (a cuBLAS call can; CuPy's allocating matmul fallback cannot)."""
+        return (all(d.is_const for n in self.graph.inputs for d in n.shape) and
+                not any(k.symbols for k in self.program.kernels) and
+                all(self.backend.capturable(fn) for fn in self.functions))
+
     def __call__(self, *args, copy: bool = True) -> list:
         """Run on inputs in the graph's input order. Inputs the program updates in place (the KV
         cache) are written through and returned as they are; other outputs are fresh arrays, or

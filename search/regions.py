@@ -34,6 +34,8 @@ from ..ir import Graph, Node, Op, evaluate
 from ..ir.graph import is_weight, toposort
 from ..ir.printer import format_graph
 
+# views that only re-index their one input (no pad value, no second input)
+_FREE_VIEWS = frozenset({Op.RESHAPE, Op.EXPAND, Op.PERMUTE, Op.SLICE})
 _LAYER_WEIGHT = re.compile(r"^(.*?)\.(\d+)\.")
 
 
@@ -82,6 +84,7 @@ def split(graph: Graph) -> list[Region]:
         if id(n) in region_of:
             members[region_of[id(n)]].append(n)
     exported = _exported(graph, order, region_of) | hoisted
+    sunk = _sink_views(graph, order, region_of, exported)
     free_outputs = [o for o in graph.outputs if id(o) not in dependent and id(o) not in region_of
                     and o.op is not Op.INPUT]
     regions = []
@@ -89,7 +92,8 @@ def split(graph: Graph) -> list[Region]:
         outs = [n for n in nodes if id(n) in exported] + (free_outputs if k == count - 1 else [])
         if outs:
             regions.append(_region(len(regions), _label(k, count, bool(cuts), layers), outs,
-                                   lambda n, k=k: n.op is Op.INPUT or region_of.get(id(n), k) != k))
+                                   lambda n, k=k: n.op is Op.INPUT or (region_of.get(id(n), k) != k
+                                                                       and id(n) not in sunk)))
     return regions
 
 
@@ -301,6 +305,22 @@ def _exported(graph: Graph, order: list[Node], region_of: dict[int, int]) -> set
             out.update(id(i) for i in n.inputs
                        if id(i) in region_of and region_of[id(i)] != region_of[id(n)])
     return out
+
+
+def _sink_views(graph: Graph, order: list[Node], region_of: dict[int, int], exported: set[int]) -> set[int]:
+    """Views that cross a cut are recomputed by their readers (a view is an index expression,
+    free where it is read) and their sources cross instead: a region's output is never a view,
+    which would cost a copy kernel (decode's rotary tables expanded to every head, read by every
+    layer). Updates `exported`; returns the ids of the views each reader takes in."""
+    outputs = {id(o) for o in graph.outputs}
+    sunk: set[int] = set()
+    for n in reversed(order):       # readers first: a chain of views sinks whole
+        if id(n) in exported and n.op in _FREE_VIEWS and id(n) in region_of and id(n) not in outputs:
+            exported.discard(id(n))
+            sunk.add(id(n))
+            if id(n.inputs[0]) in region_of:
+                exported.add(id(n.inputs[0]))
+    return sunk
 
 
 def _label(k: int, count: int, layered: bool, layers: int) -> str:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from kiln.codegen.kernel import KernelConfig
-from kiln.codegen.schedule import Program, schedule
+from kiln.codegen.schedule import FusionPolicy, Program, schedule
 from kiln.ir import DType, Graph, Node, Op, build, run
 from kiln.ir.ops import IOTA_INDEX
 from kiln.ir.symbolic import Expr, shape_of, sym
@@ -119,7 +119,8 @@ def random_cases(programs: int = PROGRAMS, seed: int = SEED) -> tuple[list[Case]
     for i in range(programs):
         source = fuzz_programs.random_program(rng)
         graph = as_graph(source)
-        first, second = schedule(graph, POLICIES[i % 3]), schedule(graph, POLICIES[(i + 1) % 3])
+        first, second = (schedule(graph, POLICIES[i % len(POLICIES)]),
+                         schedule(graph, POLICIES[(i + 1) % len(POLICIES)]))
         for j, (program, default) in enumerate([(first, True), (first, False), (second, False)]):
             configs = config_sets(program, rng)[0 if default else 1]
             draws = []
@@ -474,6 +475,30 @@ def test_tiny_llama_decode_updates_the_cache_in_place(tiny_lm, rng):
     for k in range(len(caches)):
         assert got[1 + k] is given[2 + k]          # the caller's cache, written through
         assert not mismatch(given[2 + k], want[1 + k], DType.F32)
+
+
+def test_epilogues_put_reductions_into_the_kernels_that_read_them(tiny_lm, rng):
+    """The epilogue policy runs a reduction inside its one reader's kernel (the norm's sum of
+    squares with its reciprocal square root, the V projection with the cache write, the down
+    projection with the residual add): fewer kernels, each still equal to the interpreter."""
+    plain, fused = FusionPolicy(), FusionPolicy(epilogues=True)
+    g = tiny_lm.decode
+    caches = [c.shape for c in tiny_lm.cache.zeros()]
+    before, after = schedule(g, plain), schedule(g, fused)
+    assert len(after.kernels) < len(before.kernels)
+    # each reduction still runs once, in a kernel that holds it alone at its points
+    from kiln.codegen.cuda_emit import top_reduce
+    from kiln.codegen.kernel import Reduce
+    reductions = sum(isinstance(k.value, Reduce) for k in before.kernels)
+    assert sum(top_reduce(k) is not None for k in after.kernels) == reductions
+    assert {k.output.name for k in after.kernels} >= set(after.aliases)   # cache writes stay in place
+
+    def args(pos: int) -> list[np.ndarray]:
+        return [rng.integers(0, 64, (1, 1)), np.array(pos, np.int64),
+                *(rng.standard_normal(s).astype(np.float32) for s in caches)]
+    check(g, args(0), args(7), args(15), policies=[fused], sets=(0, 1, 2))
+    check(tiny_lm.prefill, [rng.integers(0, 64, (1, 5))], [rng.integers(0, 64, (1, 16))],
+          policies=[fused], sets=(0, 1))
 
 
 def test_traffic_of_a_gather_counts_the_rows_it_picks_not_the_table():

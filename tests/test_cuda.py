@@ -16,7 +16,7 @@ import torch
 import kiln
 from kiln.codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda
 from kiln.codegen.library import LibraryConfig, is_library
-from kiln.codegen.schedule import schedule
+from kiln.codegen.schedule import POLICIES, schedule
 from kiln.frontend.hf import load_lowered, lower_causal_lm
 from kiln.ir import DType, run
 from tests.helpers import tiny_llama
@@ -61,9 +61,10 @@ def tiny_case(tag: str):
 
 @pytest.fixture(scope="module")
 def tiny_kernels():
-    """Every kernel of a tiny bf16 Llama's decode and prefill programs."""
+    """Every kernel of a tiny bf16 Llama's decode and prefill programs, under each fusion policy."""
     _, lm = tiny_case("tiny1_bf16")
-    return [k for g in (lm.decode, lm.prefill) for k in schedule(g).kernels]
+    kernels = {k: None for g in (lm.decode, lm.prefill) for p in POLICIES.values() for k in schedule(g, p).kernels}
+    return list(kernels)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")

@@ -80,6 +80,18 @@ def test_stitched_candidates_equal_the_original(llama_three_layers, which):
     assert changed, "the candidates never changed the program"
 
 
+@pytest.mark.parametrize("which", ["prefill", "decode"])
+def test_no_region_outputs_a_view(llama_three_layers, which):
+    """A view read across a cut is taken in by its readers and its source crosses instead: a view
+    as a region's output would be a copy kernel (decode's rotary tables expanded to the heads)."""
+    graph = getattr(llama_three_layers, which)
+    outputs = {id(o) for o in graph.outputs}
+    views = {Op.RESHAPE, Op.EXPAND, Op.PERMUTE, Op.SLICE}
+    for region in regions.split(graph):
+        crossing = [p for p in region.produces if p.op in views and id(p) not in outputs]
+        assert not crossing, f"{region.label} outputs views {[p.op.value for p in crossing]}"
+
+
 def test_a_graph_without_layers_is_one_region():
     x = Node(Op.INPUT, name="x", role="input", shape=shape_of((2, 3)), dtype=DType.F32)
     w = Node(Op.INPUT, name="proj.weight", role="weight", shape=shape_of((2, 3)), dtype=DType.F32)

@@ -100,3 +100,33 @@ def test_replayed_outputs_are_the_callers_to_keep():
     kept = np.array(first)
     decode(np.array([[9]]), np.array(1), *caches)
     np.testing.assert_array_equal(np.asarray(first), kept)   # not overwritten by the next replay
+
+
+def test_finalists_are_timed_as_the_user_runs_them(tmp_path):
+    """A region of fixed sizes (decode's) is timed end to end as the replay of one recording, the
+    launch mode decode runs in; one with a symbolic size (prefill's) by its launches."""
+    from kiln.ir import evaluate
+    from kiln.runtime.measure import Measurer, Region
+    from kiln.search import regions
+    from kiln.search.tunedb import TuneDB
+    from tests.test_worker import VARIANT
+    lm = lower_causal_lm(tiny_llama(1, seed=7), 16)
+    rng = np.random.default_rng(1)
+    calls = {"decode": [np.array([[3]]), np.array(2)] + [
+                 rng.standard_normal(tuple(d.value for d in n.shape)).astype(n.dtype.np)
+                 for n in lm.decode.inputs[2:]],
+             "prefill": [rng.integers(0, 64, (1, 5))]}
+    for which, replays in (("decode", 1), ("prefill", 0)):
+        graph = getattr(lm, which)
+        layer = next(r for r in regions.split(graph) if r.label == "layer 0")
+        (feeds,), env = regions.sample_inflows(graph, [layer], calls[which])
+        program = layer.program(graph)
+        args = [feeds[i] for i in program.inputs]
+        want = evaluate(layer.outputs, {**dict(zip(program.inputs, args)),
+                                        **{i: program.weights[i.attrs["name"]] for i in layer.inputs
+                                           if i.attrs["role"] == "weight"}}, env)
+        backend = RecordingCpuBackend()
+        measurer = Measurer(backend, TuneDB(tmp_path / f"{which}.sqlite"), "test",
+                            Region(program.inputs, program.weights, dict(graph.symbols), args, want))
+        assert measurer.end_to_end(layer.outputs, VARIANT) > 0
+        assert backend.captures == replays
