@@ -85,22 +85,31 @@ __device__ __forceinline__ void kiln_f32x8(float* v, const float* p) {
 
 @dataclass(frozen=True)
 class CudaConfig:
-    """`block` threads per block; `group` threads per output point (1, a warp, or the whole
-    block: a group never splits a warp, whose shuffles need every lane); `vector` elements each
-    thread reads per step of its reduction."""
+    """`block` threads per block; `group` threads per output point, which split its reduction (a
+    power of two up to a warp, combined by shuffles, or the whole block); `vector` elements each
+    thread reads per step of its reduction. `across`: a group's threads lie `block / group` apart,
+    so that neighbouring threads take neighbouring points and read a row that runs along the
+    points, not along the reduction, in one coalesced access (attention's P.V reads the V cache
+    down its columns); they combine through shared memory."""
     block: int = 256
     group: int = 1
     vector: int = 1
+    across: bool = False
+
+    @property
+    def points_per_block(self) -> int:
+        return self.block // self.group
 
     def key(self) -> str:
-        return f"block{self.block}-group{self.group}-vector{self.vector}"
+        return f"block{self.block}-group{self.group}-vector{self.vector}" + ("-across" if self.across else "")
 
     def to_json(self) -> dict:
-        return {"block": self.block, "group": self.group, "vector": self.vector}
+        return {"block": self.block, "group": self.group, "vector": self.vector, "across": self.across}
 
     @staticmethod
     def from_json(data: dict) -> CudaConfig:
-        return CudaConfig(int(data["block"]), int(data["group"]), int(data["vector"]))
+        return CudaConfig(int(data["block"]), int(data["group"]), int(data["vector"]),
+                          bool(data.get("across", False)))
 
 
 def top_reduce(kernel: Kernel) -> Reduce | None:
@@ -137,10 +146,18 @@ def config_space(kernel: Kernel) -> list[CudaConfig]:
     if reduce is None:
         return [CudaConfig(256, 1, 1), CudaConfig(128, 1, 1), CudaConfig(512, 1, 1)]
     width = vector_width(kernel, reduce)
-    space = [CudaConfig(256, 32, width), CudaConfig(256, 1, 1), CudaConfig(128, 32, width),
-             CudaConfig(256, 256, width), CudaConfig(512, 512, width)]
-    if width > 1:   # a thread per point reading 16 bytes at a time: rows too short to share
-        space += [CudaConfig(128, 1, width), CudaConfig(256, 32, 1), CudaConfig(256, 256, 1)]
+    space = [CudaConfig(256, 32, width), CudaConfig(128, 128, width), CudaConfig(256, 256, width),
+             CudaConfig(512, 512, width), CudaConfig(128, 32, width)]
+    if width > 1:
+        steps = reduce.extent.value // width
+        # short rows: a few threads each (a 64-long attention score: 8 threads of 8 elements)
+        space += [CudaConfig(256, group, width) for group in (4, 8, 16) if steps <= 4 * group]
+        # a thread per point reading 16 bytes at a time: rows too short to share
+        space += [CudaConfig(128, 1, width)]
+    if any(_stride(l.index, reduce.var) not in (0, 1) for l in _loads(reduce.body)):
+        # a load runs across the reduction (the V cache under P.V): threads along the points
+        space += [CudaConfig(block, block // 64, 1, across=True) for block in (256, 512, 1024)]
+    space += [CudaConfig(256, 1, 1), CudaConfig(256, 32, 1), CudaConfig(256, 256, 1)]
     return list(dict.fromkeys(space))
 
 
@@ -226,8 +243,11 @@ class _CudaBody(_Body):
         block = self.blocks[level]
         block.append(f"{acc_type} {acc} = {init};")
         # unrolled, so that each thread has several loads in flight: one at a time leaves a
-        # memory-bound reduction (a GEMV) far from the bandwidth
-        block.append("#pragma unroll 4")
+        # memory-bound reduction (a GEMV) far from the bandwidth; wholly where the steps are few
+        # and known (the H200 probe: a warp-per-row GEMV 2048 -> 8192 took 9.9 us unrolled
+        # wholly with 32-bit indices, 11.6 us unrolled by 4 with 64-bit ones)
+        steps = -(-s.extent.value // (group * width)) if s.extent.is_const else None
+        block.append("#pragma unroll" if steps is not None and steps <= 16 else "#pragma unroll 4")
         if width > 1:
             block.append(f"for (int64_t kiln_base = kiln_lane * {width}; kiln_base < {extent}; "
                          f"kiln_base += {group * width}) {{")
@@ -244,6 +264,16 @@ class _CudaBody(_Body):
             block.extend("  " + line for line in outer + inner)
             block.append(f"  {update}")
             block.append("}")
+        if config.across:   # the group's threads lie block / group apart: combine in shared memory
+            shared, stride = f"kiln_shared{self.count}", config.points_per_block
+            self.shared.append(f"__shared__ {acc_type} {shared}[{config.block}];")
+            block.append(f"{shared}[threadIdx.x] = {acc};")
+            block.append("__syncthreads();")
+            block.append(f"{acc} = {shared}[threadIdx.x % {stride}];")
+            block.append(f"for (int kiln_w = 1; kiln_w < {group}; kiln_w++) "
+                         f"{acc} = {combine.format(a=acc, b=f'{shared}[kiln_w * {stride} + threadIdx.x % {stride}]')};")
+            block.append("__syncthreads();")
+            return self.temp(f"({COMPUTE[s.dtype]}){acc}", s.dtype, level), level
         # every lane shuffles exactly once per step, outside the combine's branches: a shuffle
         # that only some lanes reach never completes (the max's `||` and `?:` branch per lane)
         for offset in _halvings(min(group, 32)):
@@ -270,28 +300,41 @@ def _halvings(n: int) -> list[int]:
 
 
 def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
-    """One `extern "C" __global__` function; launch it with `config.block` threads per block."""
+    """One `extern "C" __global__` function; launch it with `config.block` threads per block.
+
+    A block takes `block / group` consecutive points per step of a loop every thread of the block
+    runs alike (warp shuffles and block barriers need all of them), so threads past the last
+    point compute the last point again and store nothing."""
     if (config.group > 1 or config.vector > 1) and top_reduce(kernel) is None:
         raise ValueError(f"config {config.key()} needs a kernel with one shared reduction")
-    if config.group not in (1, 32, config.block):
-        raise ValueError("a group is one thread, a warp, or the whole block")
+    if config.across:
+        if config.block % config.group or config.vector != 1:
+            raise ValueError("an across group divides the block and reads no vectors")
+    elif config.group not in (1, 2, 4, 8, 16, 32, config.block):
+        raise ValueError("a group is a power of two up to a warp, or the whole block")
     body = _CudaBody(kernel, config)
     value, _ = body.emit(kernel.value)
-    body.blocks[1].append(f"if (kiln_lane == 0) {kernel.output.name}[{index_code(kernel.store)}] = "
+    body.blocks[1].append(f"if (kiln_lane == 0 && kiln_slot < kiln_points) "
+                          f"{kernel.output.name}[{index_code(kernel.store)}] = "
                           f"{store_code(value, kernel.output.dtype)};")
     params = [f"{STORAGE[kernel.output.dtype]}* __restrict__ {kernel.output.name}"]
     params += [f"const {STORAGE[b.dtype]}* __restrict__ {b.name}" for b in kernel.inputs]
     params.append("const int64_t* __restrict__ kiln_sym")
-    group = config.group
+    group, per_block = config.group, config.points_per_block
     lines = [f'extern "C" __global__ void __launch_bounds__({config.block}) {name}({", ".join(params)}) {{']
     lines += [f"  const int64_t {s} = kiln_sym[{i}];" for i, s in enumerate(kernel.symbols)]
     lines += ["  " + line for line in body.shared]
-    lines.append(f"  const int kiln_lane = threadIdx.x % {group};")
+    if config.across:
+        lines.append(f"  const int kiln_lane = threadIdx.x / {per_block}, kiln_offset = threadIdx.x % {per_block};")
+    else:
+        lines.append(f"  const int kiln_lane = threadIdx.x % {group}, kiln_offset = threadIdx.x / {group};")
     lines += ["  " + line for line in body.blocks[0]]
     total = " * ".join(f"({index_code(e)})" for _, e in kernel.loops) or "INT64_C(1)"
     lines.append(f"  const int64_t kiln_points = {total};")
-    lines.append(f"  for (int64_t kiln_point = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / {group}; "
-                 f"kiln_point < kiln_points; kiln_point += (int64_t)gridDim.x * blockDim.x / {group}) {{")
+    lines.append(f"  for (int64_t kiln_first = (int64_t)blockIdx.x * {per_block}; kiln_first < kiln_points; "
+                 f"kiln_first += (int64_t)gridDim.x * {per_block}) {{")
+    lines.append("    const int64_t kiln_slot = kiln_first + kiln_offset;")
+    lines.append("    const int64_t kiln_point = kiln_slot < kiln_points ? kiln_slot : kiln_points - 1; (void)kiln_point;")
     rest = "kiln_point"
     for k, (var, extent) in reversed(list(enumerate(kernel.loops))):
         e = index_code(extent)

@@ -227,6 +227,39 @@ def test_decode_replays_one_cuda_graph_per_token_with_the_same_results(products)
         assert np.array_equal(backend.cp.asnumpy(a), backend.cp.asnumpy(b))
 
 
+@needs_gpu
+def test_every_configuration_of_every_decode_kernel_equals_the_interpreter():
+    """Each template configuration (sub-warp, warp, block and across groups, vectors, unrolled
+    reductions) of each kernel of a bf16 decode step with epilogues, each kernel's output checked
+    against the interpreter's value of the node it holds, on random caches (the tuner checks a
+    configuration against the default one; this checks the default too)."""
+    from kiln.ir import evaluate
+    from kiln.ir.compare import mismatch, tolerance
+    from kiln.runtime.cuda import CudaBackend
+    from kiln.runtime.executor import Executor
+    _, lm = tiny_case("tiny2_bf16")
+    graph, backend = lm.decode, CudaBackend()
+    program = schedule(graph, POLICIES["inline12-bcast1-epilogue"])
+    rng = np.random.default_rng(3)
+    args = [np.array([[7]]), np.array(11)] + [
+        (rng.standard_normal(tuple(d.value for d in n.shape)) * 0.5).astype(n.dtype.np) for n in graph.inputs[2:]]
+    feeds = {**dict(zip(graph.inputs, args)), **{n: graph.weights[n.attrs["name"]] for n in graph.weight_nodes()}}
+    names = [k.output.name for k in program.kernels]
+    want = dict(zip(names, evaluate([program.nodes[n] for n in names], feeds, {})))
+    rtol = tolerance([np.dtype(DType.BF16.np)])
+    spaces = [config_space(k) for k in program.kernels]
+    checked = set()
+    for j in range(max(len(s) for s in spaces)):
+        configs = [s[min(j, len(s) - 1)] for s in spaces]
+        got = Executor(graph, program, configs, backend, reuse=False).trace(*[np.copy(a) for a in args])
+        for kernel, config, name in zip(program.kernels, configs, names):
+            problem = mismatch(got[name], want[name], rtol)
+            assert not problem, f"{kernel.label} [{config.key()}]: {problem}"
+            checked.add((kernel.label, config.key()))
+    keys = {key for _, key in checked}
+    assert any("across" in k for k in keys) and any("group8-" in k for k in keys)
+
+
 @pytest.mark.parametrize("source", list(DType), ids=repr)
 @needs_gpu
 def test_cuda_kernels_cast_as_the_reference_does(source):

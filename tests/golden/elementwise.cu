@@ -1,7 +1,9 @@
 extern "C" __global__ void __launch_bounds__(256) elementwise(float* __restrict__ b27, const float* __restrict__ b20, const uint16_t* __restrict__ b25, const uint16_t* __restrict__ b26, const int64_t* __restrict__ kiln_sym) {
-  const int kiln_lane = threadIdx.x % 1;
+  const int kiln_lane = threadIdx.x % 1, kiln_offset = threadIdx.x / 1;
   const int64_t kiln_points = ((INT64_C(2))) * ((INT64_C(16)));
-  for (int64_t kiln_point = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 1; kiln_point < kiln_points; kiln_point += (int64_t)gridDim.x * blockDim.x / 1) {
+  for (int64_t kiln_first = (int64_t)blockIdx.x * 256; kiln_first < kiln_points; kiln_first += (int64_t)gridDim.x * 256) {
+    const int64_t kiln_slot = kiln_first + kiln_offset;
+    const int64_t kiln_point = kiln_slot < kiln_points ? kiln_slot : kiln_points - 1; (void)kiln_point;
     const int64_t i2 = kiln_point % (INT64_C(16));
     const int64_t kiln_rest1 = kiln_point / (INT64_C(16));
     const int64_t i1 = kiln_rest1;
@@ -31,6 +33,6 @@ extern "C" __global__ void __launch_bounds__(256) elementwise(float* __restrict_
     const float t24 = kiln_bf16_round(((float)(t23)));
     const float t25 = ((float)(t24));
     const float t26 = (t25 * 0.5f);
-    if (kiln_lane == 0) b27[(INT64_C(16)*i1 + i2)] = t26;
+    if (kiln_lane == 0 && kiln_slot < kiln_points) b27[(INT64_C(16)*i1 + i2)] = t26;
   }
 }

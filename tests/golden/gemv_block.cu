@@ -1,11 +1,13 @@
 extern "C" __global__ void __launch_bounds__(256) gemv_block(float* __restrict__ b47, const uint16_t* __restrict__ b46, const uint16_t* __restrict__ b15, const int64_t* __restrict__ kiln_sym) {
   __shared__ float kiln_shared6[8];
-  const int kiln_lane = threadIdx.x % 256;
+  const int kiln_lane = threadIdx.x % 256, kiln_offset = threadIdx.x / 256;
   const int64_t kiln_points = ((INT64_C(32)));
-  for (int64_t kiln_point = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 256; kiln_point < kiln_points; kiln_point += (int64_t)gridDim.x * blockDim.x / 256) {
+  for (int64_t kiln_first = (int64_t)blockIdx.x * 1; kiln_first < kiln_points; kiln_first += (int64_t)gridDim.x * 1) {
+    const int64_t kiln_slot = kiln_first + kiln_offset;
+    const int64_t kiln_point = kiln_slot < kiln_points ? kiln_slot : kiln_points - 1; (void)kiln_point;
     const int64_t i1 = kiln_point;
     float acc6 = 0;
-    #pragma unroll 4
+    #pragma unroll
     for (int64_t r2 = kiln_lane; r2 < (INT64_C(64)); r2 += 256) {
       const float t1 = kiln_bf16_load(b46[(r2)]);
       const float t2 = ((float)(t1));
@@ -25,6 +27,6 @@ extern "C" __global__ void __launch_bounds__(256) gemv_block(float* __restrict__
     for (int kiln_w = 1; kiln_w < 8; kiln_w++) acc6 = acc6 + kiln_shared6[kiln_w];
     __syncthreads();
     const float t7 = (float)acc6;
-    if (kiln_lane == 0) b47[(i1)] = t7;
+    if (kiln_lane == 0 && kiln_slot < kiln_points) b47[(i1)] = t7;
   }
 }
