@@ -115,7 +115,7 @@ class Expr:
         acc = dict(self.terms)
         for m, c in other.terms:
             acc[m] = acc.get(m, 0) + c
-        return Expr(acc)
+        return Expr(_fold_divmod(acc))
 
     __radd__ = __add__
 
@@ -220,6 +220,23 @@ class Expr:
 
 
 _ZERO = Expr({})
+
+
+def _fold_divmod(acc: dict[Monomial, int]) -> dict[Monomial, int]:
+    """k*d*floordiv(x, d) + k*mod(x, d) = k*x (a reshape that splits an axis and one that merges
+    it back read the same element: without the fold the offset is not linear in x, and a kernel
+    cannot read it with vector loads). Holds for floor and for truncating division alike, each
+    with its own remainder."""
+    for mono, k in list(acc.items()):
+        if k == 0 or len(mono) != 1 or not isinstance(mono[0], Call) or mono[0].fn != "mod":
+            continue
+        x, d = mono[0].args
+        quotient = (Call("floordiv", (x, d)),)
+        if d.is_const and acc.get(quotient, 0) == k * d.value and acc.get(mono, 0) == k:
+            del acc[mono], acc[quotient]
+            for m, c in x.terms:
+                acc[m] = acc.get(m, 0) + k * c
+    return acc
 
 
 def _minmax(fn: str, a: Expr, b: Expr) -> Expr:

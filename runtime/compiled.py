@@ -49,6 +49,11 @@ class CompiledGraph:
             executor = Executor(sub, program, choice.configs, backend, like=like)
             first.setdefault(region.key, executor)
             self.executors.append(executor)
+        # asked once: a decode step is short, and the question walks every kernel (~80 us for 60
+        # kernels here, on every call, before it was kept)
+        self._replayable = (hasattr(self.backend, "capture") and
+                            all(d.is_const for n in self.graph.inputs for d in n.shape) and
+                            all(ex.replayable for ex in self.executors))
 
     @classmethod
     def untuned(cls, graph: Graph, backend) -> CompiledGraph:
@@ -77,18 +82,11 @@ class CompiledGraph:
 
     def __call__(self, *args) -> list:
         """Outputs as the backend's arrays (numpy on the CPU); inputs numpy or the backend's.
-        Where the backend records launches (CUDA graphs) and every input size is fixed (decode),
-        a call replays the recording."""
+        Where the backend records launches (CUDA graphs), every input size is fixed (decode) and
+        every region's executor can be recorded, a call replays the recording."""
         if self._replayable:
             return self._replay(args)
         return self._run([self.backend.input(a) for a in args], copy=True)
-
-    @property
-    def _replayable(self) -> bool:
-        """A recording holds while no size changes and every region's executor can be recorded."""
-        return (hasattr(self.backend, "capture") and
-                all(d.is_const for n in self.graph.inputs for d in n.shape) and
-                all(ex.replayable for ex in self.executors))
 
     def _run(self, args: list, copy: bool) -> list:
         dtypes = [self.backend.logical_dtype(a, n.dtype) for a, n in zip(args, self.graph.inputs)]

@@ -102,8 +102,18 @@ def _search_region(graph, key, group, feeds, env, backend, db, fingerprint, comp
     if isolated:
         isolated.load(region, deadline)
     label = rep.label if len(group) == 1 else f"{rep.label} (x{len(group)})"
+
+    def end_to_end(outputs, variant: str) -> float:
+        """A finalist is what the user may run: every configuration of its kernels is measured,
+        past the deadline too (in the worker, where a crashing one costs only itself; candidates
+        evaluated late had only their default configurations timed), then it is timed whole."""
+        measurer.deadline = None
+        if isolated:
+            isolated.deadline = None
+            isolated(outputs, variant)
+        return measurer.end_to_end(outputs, variant)
     tuner = RegionTuner(key, label, rep.outputs, saturated, list(POLICIES),
-                        isolated or measurer.evaluate, measurer.end_to_end, db, compile_id, seed,
+                        isolated or measurer.evaluate, end_to_end, db, compile_id, seed,
                         lambda p, d=deadline: on_progress(p, d.remaining()))
     winner = tuner.run(deadline, max_candidates)
     _, program, configs = measurer.build(winner.outputs, winner.variant)
