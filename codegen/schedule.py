@@ -35,7 +35,8 @@ class FusionPolicy:
 
 # the fusion policies the search chooses among, by name (a tuner "variant")
 POLICIES = {p.key(): p for p in (FusionPolicy(12, 1), FusionPolicy(12, 1, epilogues=True),
-                                  FusionPolicy(4, 0), FusionPolicy(32, 3, epilogues=True))}
+                                  FusionPolicy(4, 0), FusionPolicy(32, 3, epilogues=True),
+                                  FusionPolicy(64, 16, epilogues=True))}
 
 
 @dataclass

@@ -112,7 +112,12 @@ def _search_region(graph, key, group, feeds, env, backend, db, fingerprint, comp
             isolated.deadline = None
             isolated(outputs, variant)
         return measurer.end_to_end(outputs, variant)
-    tuner = RegionTuner(key, label, rep.outputs, saturated, list(POLICIES),
+    # every policy is tried while the budget lasts, in an order that puts the likely winners
+    # first: at fixed sizes (decode: GEMVs, bound by launches and bytes) the fused ones; at
+    # symbolic sizes (prefill: GEMMs a library call takes whole) the plain ones
+    fixed = all(d.is_const for n in inputs for d in n.shape)
+    variants = sorted(POLICIES, key=lambda v: POLICIES[v].epilogues != fixed)
+    tuner = RegionTuner(key, label, rep.outputs, saturated, variants,
                         isolated or measurer.evaluate, end_to_end, db, compile_id, seed,
                         lambda p, d=deadline: on_progress(p, d.remaining()))
     winner = tuner.run(deadline, max_candidates)

@@ -54,21 +54,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK) f(float* out, const u16* w, 
   acc = warp_sum(acc, 32);
   if (lane == 0) out[row] = acc;
 }""",
-# the same with plain loads (L1 allocating)
-"warp_full": r"""
-extern "C" __global__ void __launch_bounds__(BLOCK) f(float* out, const u16* w, const u16* x) {
-  const int lane = threadIdx.x % 32, row = blockIdx.x * (BLOCK / 32) + threadIdx.x / 32;
-  if (row >= N) return;
-  const u16* wr = w + (long long)row * K;
-  uint4 v[K / 256];
-  #pragma unroll
-  for (int i = 0; i < K / 256; i++) v[i] = *(const uint4*)(wr + i * 256 + lane * 8);
-  float acc = 0;
-  #pragma unroll
-  for (int i = 0; i < K / 256; i++) acc += dot8(v[i], *(const uint4*)(x + i * 256 + lane * 8));
-  acc = warp_sum(acc, 32);
-  if (lane == 0) out[row] = acc;
-}""",
 # a warp per row, loads in batches of 4 (fewer registers for long rows), streamed
 "warp_batch4_nc": r"""
 extern "C" __global__ void __launch_bounds__(BLOCK) f(float* out, const u16* w, const u16* x) {
@@ -102,6 +87,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK) f(float* out, const u16* w, 
   if (t == 0) { float s = 0; for (int i = 0; i < BLOCK / 32; i++) s += part[i]; out[row] = s; }
 }""",
 }
+
+# the same with plain loads (L1 allocating)
+GEMV["warp_full"] = GEMV["warp_full_nc"].replace("ld_stream(", "*(const uint4*)(")
 
 # attention's P.V at decode: out[h, d] = sum_j p[h, j] v[h / 4, j, d]; 32 heads, 8 kv heads, d 64
 PV = {
