@@ -89,7 +89,8 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
               "weight_bytes": weight_bytes, "gpu": torch.cuda.get_device_name()}
 
     result["copy_bytes_per_s"] = _copy_bandwidth()
-    _log(result, json_path, "copy_bytes_per_s")
+    result["bandwidth_bound_tokens_per_s"] = _bound(result)
+    _log(result, json_path, "copy_bytes_per_s", "bandwidth_bound_tokens_per_s")
 
     # Kiln first: its compile lowers on the CPU copy of the model
     t0 = time.perf_counter()
@@ -178,8 +179,7 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
         result["torch_compile_prefill_compile_s"] = time.perf_counter() - t0
         result["torch_compile_prefill_tokens_per_s"] = _prefill_rate(lambda: eager_prefill(compiled_model), prefill)
 
-    bound = result["copy_bytes_per_s"] / weight_bytes
-    result["bandwidth_bound_tokens_per_s"] = bound
+    bound = result["bandwidth_bound_tokens_per_s"]
     for system in ("eager", "torch_compile", "kiln"):
         key = f"{system}_decode_tokens_per_s"
         if key in result:
@@ -215,6 +215,11 @@ def _kernels_inside_a_step(step, first: int, report: dict, steps: int = 3) -> di
     rows.sort(key=lambda r: -r["seconds"])
     return {"kernels": len(events) // steps, "busy_s": sum(r["seconds"] for r in rows),
             "step_s": span / steps, "slowest": rows[:25]}
+
+
+def _bound(r: dict) -> float:
+    """Decode tokens/s if every weight byte were read once a token at the measured copy rate."""
+    return r["copy_bytes_per_s"] / r["weight_bytes"]
 
 
 def _rel_error(got: list, want: list) -> float:
@@ -303,13 +308,16 @@ def _chart(r: dict, path: str) -> str:
     systems = [(s, name) for s, name in SYSTEMS if f"{s}_decode_tokens_per_s" in r]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, what in zip(axes, ("decode", "prefill")):
-        values = [r.get(f"{s}_{what}_tokens_per_s", 0.0) for s, _ in systems]
-        ax.bar([name for _, name in systems], values, color=["#888888", "#4477aa", "#cc6633"][:len(systems)])
-        for i, v in enumerate(values):
-            ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom")
+        values = [r.get(f"{s}_{what}_tokens_per_s") for s, _ in systems]
+        ax.bar([name for _, name in systems], [v or 0.0 for v in values],
+               color=["#888888", "#4477aa", "#cc6633"][:len(systems)])
+        for i, v in enumerate(values):     # a figure the run did not reach is said so, not drawn as 0
+            ax.text(i, v or 0.0, "not measured" if v is None else f"{v:,.0f}", ha="center", va="bottom")
         if what == "decode":
-            ax.axhline(r["bandwidth_bound_tokens_per_s"], color="black", linestyle="--", linewidth=1)
-            ax.text(len(systems) - 0.5, r["bandwidth_bound_tokens_per_s"], "bandwidth bound", ha="right",
+            # a JSON from a bench cut short may lack it (written at the end before 2026-12-02)
+            bound = r.get("bandwidth_bound_tokens_per_s") or _bound(r)
+            ax.axhline(bound, color="black", linestyle="--", linewidth=1)
+            ax.text(len(systems) - 0.5, bound, "bandwidth bound", ha="right",
                     va="bottom", fontsize=8)
         ax.set_title(f"{what} tokens/s" + (f" ({r['prefill_tokens']}-token prompt)" if what == "prefill"
                                            else " (batch 1)"))
