@@ -46,7 +46,7 @@ class CompiledGraph:
             sub = region_graph(graph, region, choice.outputs)
             like = first.get(region.key)
             program = like.program if like else schedule(sub, POLICIES[choice.variant])
-            executor = Executor(sub, program, choice.configs, backend, like=like)
+            executor = Executor(sub, program, choice.configs, backend, like=like, deployed=True)
             first.setdefault(region.key, executor)
             self.executors.append(executor)
 
@@ -65,7 +65,10 @@ class CompiledGraph:
 
     @property
     def sources(self) -> dict[str, str]:
-        return {name: src for ex in self.executors for name, src in ex.sources}
+        """Every kernel's source, and every region runner's where the backend has them."""
+        kernels = {name: src for ex in self.executors for name, src in ex.sources}
+        runners = dict(ex.runner.source for ex in self.executors if ex.runner is not None)
+        return {**kernels, **runners}
 
     @property
     def kernel_count(self) -> int:

@@ -19,6 +19,7 @@ from ..codegen.kernel import Kernel, KernelConfig, config_space, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
 from ..ir.dtypes import DType
 from ..ir.errors import CompileError, KilnError
+from .cpu_region import RegionRunner
 from .library import ArrayInterop, LibraryKernel
 
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-std=gnu11"]
@@ -183,6 +184,10 @@ class CpuBackend:
     @staticmethod
     def write_symbols(buffer: np.ndarray, values: list[int]) -> None:
         buffer[:len(values)] = values
+
+    def region_runner(self, executor, like: RegionRunner | None = None) -> RegionRunner:
+        """The deployed launch mode: the executor's kernels as one C call (runtime/cpu_region.py)."""
+        return RegionRunner(executor, self, like)
 
     @staticmethod
     def launcher(fn, kernel: Kernel, config: KernelConfig | LibraryConfig):
