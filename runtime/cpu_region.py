@@ -64,3 +64,7 @@ class RegionRunner:
     def steps(self) -> int:
         """C calls per run (1 where no library kernel splits the region)."""
         return sum(1 for is_step, _ in self._plan if is_step)
+
+    @property
+    def library_calls(self) -> int:
+        return len(self._plan) - self.steps
