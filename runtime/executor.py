@@ -110,6 +110,14 @@ class Executor:
         cache) are written through and returned as they are; other outputs are fresh arrays, or
         with `copy=False` views of this executor's memory, valid until it runs again."""
         inputs, env = self.bind(args)
+        return self._run(inputs, env, copy)
+
+    def run_bound(self, args: list, env: dict[str, int], copy: bool = False) -> list:
+        """A call on inputs already the backend's arrays and checked, with the symbols' values
+        (a compiled graph checks its inputs once for all its regions)."""
+        return self._run(dict(zip(self.program.inputs, args)), env, copy)
+
+    def _run(self, inputs: dict, env: dict[str, int], copy: bool) -> list:
         if self.runner is not None:
             self.runner(inputs, env)
         else:
