@@ -38,6 +38,8 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
     prompt = rng.integers(0, info["vocab_size"], size=(1, prompt_len), dtype=np.int64)
     steps = rng.integers(0, info["vocab_size"], size=tokens + 2)
 
+    # other processes' load decides how long OpenMP's threads wait for cores: it goes with the figures
+    load_before = os.getloadavg()[0]
     # Kiln, then eager, in separate blocks: each one's idle threads spin on the cores the other needs
     prefill_graph, decode_graph = compiled.prefill_graph(prompt_len), compiled.graphs["decode"]
     kiln_prefill = _median_time(lambda: prefill_graph(prompt), 3)
@@ -75,6 +77,7 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
         "kiln_prefill_tokens_per_s": prompt_len / kiln_prefill,
         "eager_prefill_tokens_per_s": prompt_len / eager_prefill,
         "decode_max_rel_error_vs_eager": rel,
+        "load_average_1min_before_and_after": [load_before, os.getloadavg()[0]],
         "search": {name: {"seconds": g["seconds"], "kernels": g["kernels"],
                           "kernel_timings": g["kernels_measured"],
                           "candidates": sum(r["progress"]["tried"] for r in g["regions"]),
@@ -117,7 +120,9 @@ def run_compiled_bench(artifact: str, spec: str, tokens: int, prompt_len: int,
     table.add_row("Kiln (cpu)", f"{r['kiln_decode_tokens_per_s']:.1f}", f"{r['kiln_prefill_tokens_per_s']:.1f}",
                   f"{r['kiln_decode_tokens_per_s'] / r['eager_decode_tokens_per_s']:.2f}x")
     console.print(table)
-    console.print(f"decode logits max relative error vs eager: {r['decode_max_rel_error_vs_eager']:.1e}")
+    console.print(f"decode logits max relative error vs eager: {r['decode_max_rel_error_vs_eager']:.1e}; "
+                  "load average (1 min) before and after: "
+                  + ", ".join(f"{x:.2f}" for x in r["load_average_1min_before_and_after"]))
     ratio = r["kiln_decode_step_over_kernel_sum"]
     kernel_sum = (f"{r['kiln_decode_kernel_sum_s'] * 1e3:.2f} ms, {ratio:.2f}x" if ratio
                   else "not in the artifact's report")
