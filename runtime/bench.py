@@ -6,6 +6,7 @@ import os
 import platform
 import statistics
 import time
+from collections import Counter
 
 import numpy as np
 import torch
@@ -37,6 +38,8 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
     prompt = rng.integers(0, info["vocab_size"], size=(1, prompt_len), dtype=np.int64)
     steps = rng.integers(0, info["vocab_size"], size=tokens + 2)
 
+    # other processes' load decides how long OpenMP's threads wait for cores: it goes with the figures
+    load_before = os.getloadavg()[0]
     # Kiln, then eager, in separate blocks: each one's idle threads spin on the cores the other needs
     prefill_graph, decode_graph = compiled.prefill_graph(prompt_len), compiled.graphs["decode"]
     kiln_prefill = _median_time(lambda: prefill_graph(prompt), 3)
@@ -64,20 +67,41 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
             rel = max(rel, float(np.abs(mine - ref).max() / np.abs(ref).max()))
     graphs = compiled.report.get("graphs", {})
     warm = slice(2, None)
+    decode_s = statistics.median(kiln_decode[warm])
     return {
         "model": spec, "artifact": artifact, "max_seq": info["max_seq"], "prompt_tokens": prompt_len,
         "decode_tokens_timed": tokens,
-        "kiln_decode_tokens_per_s": 1 / statistics.median(kiln_decode[warm]),
+        "kiln_decode_tokens_per_s": 1 / decode_s,
+        **decode_launch_figures(compiled, decode_s),
         "eager_decode_tokens_per_s": 1 / statistics.median(eager_decode[warm]),
         "kiln_prefill_tokens_per_s": prompt_len / kiln_prefill,
         "eager_prefill_tokens_per_s": prompt_len / eager_prefill,
         "decode_max_rel_error_vs_eager": rel,
+        "load_average_1min_before_and_after": [load_before, os.getloadavg()[0]],
         "search": {name: {"seconds": g["seconds"], "kernels": g["kernels"],
                           "kernel_timings": g["kernels_measured"],
                           "candidates": sum(r["progress"]["tried"] for r in g["regions"]),
                           "valid": sum(r["progress"]["valid"] for r in g["regions"])}
                    for name, g in graphs.items()},
     }
+
+
+def decode_launch_figures(compiled: CompiledModel, step_s: float) -> dict:
+    """The decode step's measured time beside the sum of its kernels' times in the artifact's
+    report (each kernel timed alone by the search, repeated regions counted as often as they
+    run): their ratio is the share lost between and around kernels. Also the kernels and C calls
+    a token takes, and the kernels by kind (the op a kernel computes last), for fusion work."""
+    decode = compiled.graphs["decode"]
+    regions = compiled.report.get("graphs", {}).get("decode", {}).get("regions", [])
+    timed = [k["seconds"] for r in regions for k in r["kernels"] for _ in range(r["count"])]
+    kernel_sum = sum(t for t in timed if t is not None) if timed and None not in timed else None
+    kinds = Counter(k.label.split("[")[0] for ex in decode.executors for k in ex.program.kernels)
+    calls = sum(ex.runner.steps + ex.runner.library_calls if ex.runner else len(ex.program.kernels)
+                for ex in decode.executors)
+    return {"kiln_decode_step_s": step_s, "kiln_decode_kernel_sum_s": kernel_sum,
+            "kiln_decode_step_over_kernel_sum": step_s / kernel_sum if kernel_sum else None,
+            "kiln_kernels_per_token": decode.kernel_count, "kiln_launches_per_token": calls,
+            "kiln_decode_kernel_kinds": dict(kinds.most_common())}
 
 
 def run_compiled_bench(artifact: str, spec: str, tokens: int, prompt_len: int,
@@ -96,7 +120,17 @@ def run_compiled_bench(artifact: str, spec: str, tokens: int, prompt_len: int,
     table.add_row("Kiln (cpu)", f"{r['kiln_decode_tokens_per_s']:.1f}", f"{r['kiln_prefill_tokens_per_s']:.1f}",
                   f"{r['kiln_decode_tokens_per_s'] / r['eager_decode_tokens_per_s']:.2f}x")
     console.print(table)
-    console.print(f"decode logits max relative error vs eager: {r['decode_max_rel_error_vs_eager']:.1e}")
+    console.print(f"decode logits max relative error vs eager: {r['decode_max_rel_error_vs_eager']:.1e}; "
+                  "load average (1 min) before and after: "
+                  + ", ".join(f"{x:.2f}" for x in r["load_average_1min_before_and_after"]))
+    ratio = r["kiln_decode_step_over_kernel_sum"]
+    kernel_sum = (f"{r['kiln_decode_kernel_sum_s'] * 1e3:.2f} ms, {ratio:.2f}x" if ratio
+                  else "not in the artifact's report")
+    console.print(f"Kiln decode step {r['kiln_decode_step_s'] * 1e3:.2f} ms end to end; its kernels' "
+                  f"times (the search's, each alone) sum to {kernel_sum}; "
+                  f"{r['kiln_kernels_per_token']} kernels in {r['kiln_launches_per_token']} calls a token")
+    console.print("decode kernels by kind: " + ", ".join(f"{kind} {n}" for kind, n in
+                                                        r["kiln_decode_kernel_kinds"].items()))
     for name, s in r["search"].items():
         console.print(f"search, {name}: {s['candidates']} candidates ({s['valid']} valid), "
                       f"{s['kernel_timings']} kernel timings, {s['kernels']} kernels chosen, "

@@ -19,6 +19,7 @@ from ..codegen.kernel import Kernel, KernelConfig, config_space, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
 from ..ir.dtypes import DType
 from ..ir.errors import CompileError, KilnError
+from .cpu_region import RegionRunner
 from .library import ArrayInterop, LibraryKernel
 
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-std=gnu11"]
@@ -28,6 +29,18 @@ COPY_SOURCE = """
 void kiln_copy_bandwidth(float* restrict dst, const float* restrict src, int64_t n) {
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; i++) dst[i] = src[i];
+}
+"""
+
+
+# drops [p, p + n) from every cache level (a no-op where the target has no clflush)
+EVICT_SOURCE = """
+void EVICT(const char* p, int64_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+  for (const char* line = (const char*)((uintptr_t)p & ~(uintptr_t)63); line < p + n; line += 64)
+    __builtin_ia32_clflush(line);
+  __builtin_ia32_mfence();
+#endif
 }
 """
 
@@ -62,9 +75,11 @@ def _build(source: str, out: Path) -> None:
 class CpuBackend:
     name = "cpu"
     source_suffix = ".c"                # an artifact's kernel files
+    timing = "weights evicted before each timed call"     # see evicter()
 
     def __init__(self):
         self._libs: dict[str, ctypes.CDLL] = {}
+        self._evict = None
         _single_threaded_blas()
 
     def compile(self, functions: dict[str, str]) -> dict[str, ctypes._CFuncPtr]:
@@ -184,6 +199,10 @@ class CpuBackend:
     def write_symbols(buffer: np.ndarray, values: list[int]) -> None:
         buffer[:len(values)] = values
 
+    def region_runner(self, executor, like: RegionRunner | None = None) -> RegionRunner:
+        """The deployed launch mode: the executor's kernels as one C call (runtime/cpu_region.py)."""
+        return RegionRunner(executor, self, like)
+
     @staticmethod
     def launcher(fn, kernel: Kernel, config: KernelConfig | LibraryConfig):
         if isinstance(fn, LibraryKernel):
@@ -198,14 +217,34 @@ class CpuBackend:
             buffer.view(dtype.np)[:] = np.nan
 
     @staticmethod
-    def time(fn, target_s: float, most: int) -> list[float]:
-        """Seconds per call of fn: at least 3 calls, more until target_s is spent (most calls)."""
+    def time(fn, target_s: float, most: int, before=None) -> list[float]:
+        """Seconds per call of fn: at least 3 calls, more until target_s is spent (most calls);
+        `before` runs ahead of each call, untimed."""
         times = []
         while len(times) < 3 or (sum(times) < target_s and len(times) < most):
+            if before is not None:
+                before()
             start = time.perf_counter()
             fn()
             times.append(time.perf_counter() - start)
         return times
+
+    def evicter(self, arrays: list[np.ndarray]):
+        """A function that drops `arrays` from every cache level. The tuner runs it before each
+        timed call on the weights a kernel (or region) reads: a decode step reads each weight
+        once, from memory, while a kernel timed again and again finds a layer's weights (16 MB in
+        SmolLM2) in the L3 cache, twice as fast as they ever come in a step. CUDA's timing
+        overwrites the L2 cache for the same reason."""
+        if self._evict is None:
+            name = f"kiln_evict_{source_hash(EVICT_SOURCE)}"
+            self._evict = self.compile({name: EVICT_SOURCE.replace("EVICT", name)})[name]
+        evict = self._evict
+        spans = [(ctypes.c_void_p(a.ctypes.data), ctypes.c_int64(a.nbytes)) for a in arrays]
+
+        def run(kept=arrays):         # the arrays stay alive while their addresses are used
+            for pointer, nbytes in spans:
+                evict(pointer, nbytes)
+        return run
 
 
 def _host_array(pointer: ctypes.c_void_p, dtype: DType, count: int) -> np.ndarray:

@@ -96,11 +96,15 @@ def _search(graphs: dict[str, tuple[Graph, list[np.ndarray], float]], backend_na
             ) -> tuple[dict[str, CompiledGraph], dict, dict]:
     backend = make_backend(backend_name)
     hardware = fingerprint(backend_name)
+    # the tuning database's key: the hardware, and how the backend times (measurements taken one
+    # way, warm caches or cold weights, are never ranked against ones taken the other)
+    timing = {"timing": backend.timing} if hasattr(backend, "timing") else {}
+    tuning_key = fingerprint_id({**hardware, **timing})
     compiled, reports = {}, {}
     with TuneDB(db_path or TuneDB.default_path()) as db, _progress(show) as update:
         for name, (graph, args, seconds) in graphs.items():
             compiled[name], report = compile_graph(
-                graph, backend, args, seconds, db, fingerprint_id(hardware), f"{compile_id}:{name}",
+                graph, backend, args, seconds, db, tuning_key, f"{compile_id}:{name}",
                 seed, max_candidates, lambda p, left, name=name: update(name, p, left))
             reports[name] = _report_json(report, compiled[name])
             reports[name]["compile_id"] = f"{compile_id}:{name}"

@@ -65,9 +65,11 @@ class Executor:
 
     def __init__(self, graph: Graph, program: Program, configs: list[KernelConfig], backend,
                  weights: dict[str, np.ndarray] | None = None, reuse: bool = True,
-                 like: Executor | None = None):
+                 like: Executor | None = None, deployed: bool = False):
         """`like`: an executor of the same program (an identical layer) whose compiled kernels
-        this one shares; only the weights differ."""
+        this one shares; only the weights differ. `deployed`: a call runs the kernels as the
+        backend deploys them, where it has a mode of its own (the CPU: one C call per region,
+        runtime/cpu_region.py); launch, launch_args and trace stay kernel by kernel."""
         self.graph, self.program, self.backend = graph, program, backend
         self.configs = list(configs)
         if like is not None:
@@ -99,6 +101,9 @@ class Executor:
                          if k.symbols or any(isinstance(a, str) for a in self._args[i])]
         self._launchers = [backend.launcher(fn, k, c)
                            for fn, k, c in zip(self.functions, program.kernels, self.configs)]
+        self.runner = None
+        if deployed and getattr(backend, "region_runner", None) is not None:
+            self.runner = backend.region_runner(self, like.runner if like is not None else None)
 
     @property
     def replayable(self) -> bool:
@@ -114,13 +119,33 @@ class Executor:
         cache) are written through and returned as they are; other outputs are fresh arrays, or
         with `copy=False` views of this executor's memory, valid until it runs again."""
         inputs, env = self.bind(args)
-        for launch, kernel_args in zip(self._launchers, self.launch_args(inputs, env)):
-            launch(kernel_args, env)
+        return self._run(inputs, env, copy)
+
+    def run_bound(self, args: list, env: dict[str, int], copy: bool = False) -> list:
+        """A call on inputs already the backend's arrays and checked, with the symbols' values
+        (a compiled graph checks its inputs once for all its regions)."""
+        return self._run(dict(zip(self.program.inputs, args)), env, copy)
+
+    def _run(self, inputs: dict, env: dict[str, int], copy: bool) -> list:
+        if self.runner is not None:
+            self.runner(inputs, env)
+        else:
+            for launch, kernel_args in zip(self._launchers, self.launch_args(inputs, env)):
+                launch(kernel_args, env)
         return [self.result(name, inputs, env, copy) for name in self.program.outputs]
 
     def launch(self, index: int, kernel_args: list, env: dict[str, int]) -> None:
         """Run kernel `index` alone in its own configuration (`kernel_args` from launch_args)."""
         self._launchers[index](kernel_args, env)
+
+    def launch_one(self, index: int, inputs: dict, env: dict[str, int]) -> None:
+        """Run kernel `index` alone on one call's inputs (a deployed runner's library calls)."""
+        self._launchers[index](self._bound_args(index, inputs, env), env)
+
+    def kernel_buffer_args(self, index: int) -> list:
+        """Kernel `index`'s buffer arguments (output, then inputs): a fixed address as the
+        backend's argument, or the name of the call input it reads."""
+        return self._args[index][:-1]
 
     def trace(self, *args) -> dict[str, np.ndarray]:
         """Run kernel by kernel and return every buffer a kernel wrote, by name, on the host."""
@@ -148,11 +173,14 @@ class Executor:
         """Each kernel's arguments for one call (fixed addresses are built once)."""
         out = list(self._args)
         for i in self._dynamic:
-            kernel = self.program.kernels[i]
-            if kernel.symbols:
-                self.backend.write_symbols(self._symbols[i], [env[s] for s in kernel.symbols])
-            out[i] = [self.backend.arg(inputs[a]) if isinstance(a, str) else a for a in self._args[i]]
+            out[i] = self._bound_args(i, inputs, env)
         return out
+
+    def _bound_args(self, index: int, inputs: dict, env: dict[str, int]) -> list:
+        kernel = self.program.kernels[index]
+        if kernel.symbols:
+            self.backend.write_symbols(self._symbols[index], [env[s] for s in kernel.symbols])
+        return [self.backend.arg(inputs[a]) if isinstance(a, str) else a for a in self._args[index]]
 
     def result(self, name: str, inputs: dict, env: dict[str, int], copy: bool = True):
         """A buffer as an array of its node's shape: an input updated in place is returned as is;

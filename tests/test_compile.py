@@ -76,8 +76,24 @@ def test_artifact_round_trip(tiny):
     assert loaded.generate(ids, max_new_tokens=16) == compiled.generate(ids, max_new_tokens=16)
     manifest = json.loads((root / "artifact" / "manifest.json").read_text())
     assert manifest["hardware"]["backend"] == "cpu"
-    kernels = list((root / "artifact" / "kernels").glob("*.c"))
+    kernels = list((root / "artifact" / "kernels").glob("k_*.c"))
     assert kernels and all("void k_" in k.read_text() for k in kernels)
+    # each distinct region's runner (its kernels as one C call) travels as source too
+    runners = list((root / "artifact" / "kernels").glob("run_*.c"))
+    assert runners and all("void run_" in r.read_text() for r in runners)
+
+
+def test_the_bench_puts_the_kernel_sum_beside_the_decode_step(tiny):
+    from kiln.runtime.bench import decode_launch_figures
+    _, compiled, _ = tiny
+    decode = compiled.graphs["decode"]
+    figures = decode_launch_figures(compiled, 0.5)
+    assert figures["kiln_kernels_per_token"] == decode.kernel_count
+    assert sum(figures["kiln_decode_kernel_kinds"].values()) == decode.kernel_count
+    # one C call per region, and one more per library kernel and step it splits off
+    assert len(decode.regions) <= figures["kiln_launches_per_token"] < decode.kernel_count
+    assert 0 < figures["kiln_decode_kernel_sum_s"]
+    assert figures["kiln_decode_step_over_kernel_sum"] == 0.5 / figures["kiln_decode_kernel_sum_s"]
 
 
 def _modules_after(code: str, *args: str) -> set[str]:

@@ -18,6 +18,10 @@ class DeviceArray(np.ndarray):
 
 
 class RecordingCpuBackend(CpuBackend):
+    # as CUDA's: kernels run through their launchers (which this backend records), never as one
+    # C call per region
+    region_runner = None
+
     def __init__(self):
         super().__init__()
         self.record: list | None = None

@@ -1,0 +1,70 @@
+"""Running an executor's kernels as one C call (codegen/c_runner.py), the CPU backend's deployed
+launch mode: the tables of function and buffer addresses are filled when the executor is built
+(weights and the arena never move), and a call only writes the addresses of its inputs and the
+symbols' values before one ctypes call per step. A library kernel (numpy's BLAS) runs between two
+steps, through its own launcher."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ..codegen.c_runner import Call, emit_runner
+from ..codegen.library import is_library
+
+
+class RegionRunner:
+    def __init__(self, executor, backend, like: RegionRunner | None = None):
+        """`like`: the runner of an identical executor (same program and kernels), whose compiled
+        runner this one shares; its tables are this executor's own."""
+        program = executor.program
+        self._executor = executor
+        slot_of: dict[object, int] = {}        # a fixed address, or the name of a call input
+        steps: list[list[Call]] = [[]]
+        self._plan: list[tuple[bool, int]] = []     # (a runner step?, step or kernel index)
+        for i, (name, _) in enumerate(executor.sources):
+            if is_library(name):
+                self._plan.append((False, i))
+                steps.append([])
+                continue
+            buffers = tuple(slot_of.setdefault(a if isinstance(a, str) else a.value, len(slot_of))
+                            for a in executor.kernel_buffer_args(i))
+            if not steps[-1]:
+                self._plan.append((True, len(steps) - 1))
+            steps[-1].append(Call(program.kernels[i], i, buffers))
+        self.symbols = tuple(sorted({s for k in program.kernels for s in k.symbols}))
+        if like is not None:
+            self.source, self._function = like.source, like._function
+        else:
+            self.source = emit_runner(steps, self.symbols)
+            self._function = backend.compile(dict([self.source]))[self.source[0]]
+        # the tables the runner reads; ctypes arrays, so a call passes them without conversion
+        self._functions = (ctypes.c_void_p * max(1, len(executor.functions)))(
+            *(ctypes.cast(fn, ctypes.c_void_p).value if not is_library(name) else None
+              for fn, (name, _) in zip(executor.functions, executor.sources)))
+        self._buffers = (ctypes.c_void_p * max(1, len(slot_of)))(
+            *(None if isinstance(key, str) else key for key in slot_of))
+        self._inputs = [(slot, key) for key, slot in slot_of.items() if isinstance(key, str)]
+        self._symbol_values = np.zeros(max(1, len(self.symbols)), dtype=np.int64)
+        self._step_args = [ctypes.c_int64(k) for k in range(len(steps))]
+        self._tables = (self._functions, self._buffers, ctypes.c_void_p(self._symbol_values.ctypes.data))
+
+    def __call__(self, inputs: dict[str, np.ndarray], env: dict[str, int]) -> None:
+        for slot, name in self._inputs:
+            self._buffers[slot] = inputs[name].ctypes.data
+        if self.symbols:
+            self._symbol_values[:len(self.symbols)] = [env[s] for s in self.symbols]
+        for is_step, index in self._plan:
+            if is_step:
+                self._function(self._step_args[index], *self._tables)
+            else:
+                self._executor.launch_one(index, inputs, env)
+
+    @property
+    def steps(self) -> int:
+        """C calls per run (1 where no library kernel splits the region)."""
+        return sum(1 for is_step, _ in self._plan if is_step)
+
+    @property
+    def library_calls(self) -> int:
+        return len(self._plan) - self.steps
