@@ -181,14 +181,19 @@ def bench_chart(json_path: str) -> None:
               help="Prompt length timed for prefill (at most max-seq - tokens - 16).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Also write the figures here, and a PNG chart beside it.")
+@click.option("--at-position", "positions", multiple=True, type=click.IntRange(0, None),
+              help="Also time Kiln's decode from this cache position (repeat for several): a "
+                   "step's cost as the context grows.")
 @_clean_errors
 def bench_gpu(model: str, dtype: str, tokens: int, budget: str, max_seq: int, torch_compile: bool,
-              db: str | None, lowered_path: str | None, prefill: int, json_path: str | None) -> None:
+              db: str | None, lowered_path: str | None, prefill: int, json_path: str | None,
+              positions: tuple[int, ...]) -> None:
     """Decode and prefill tokens/s of PyTorch eager, torch.compile and Kiln (CUDA) on one GPU,
     in one run, with the copy bandwidth measured in the same run and each one's share of the
     bandwidth bound; the decode kernels that take the most time."""
     from .runtime.bench_gpu import run_gpu_bench
-    run_gpu_bench(model, dtype, tokens, budget, max_seq, torch_compile, json_path, db, lowered_path, prefill)
+    run_gpu_bench(model, dtype, tokens, budget, max_seq, torch_compile, json_path, db, lowered_path, prefill,
+                  positions)
 
 
 @main.command("lower")
@@ -202,12 +207,12 @@ def lower_cmd(model: str, out: str, max_seq: int, dtype: str) -> None:
     """Lower MODEL's prefill and decode graphs and save them (JSON, small weights in safetensors).
 
     For a machine whose torch cannot export the model: compile there from these graphs, with
-    the large weights taken from its own copy of the model.
+    the weights taken from its own copy of the model (only those it lacks are saved).
     """
     import torch
     from .frontend import catalog, hf
     lm = catalog.load(model).model.to(getattr(torch, dtype))
-    hf.save_lowered(hf.lower_causal_lm(lm, max_seq), out)
+    hf.save_lowered(hf.lower_causal_lm(lm, max_seq), out, lm)
     click.echo(f"wrote {out}.json and {out}.safetensors")
 
 

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import catalog, hf
+from ..ir import decode
 
 PROMPT_TOKENS = 32
 
@@ -47,7 +48,8 @@ def measure(spec: str, tokens: int, max_seq: int = 256) -> dict:
     with torch.no_grad():
         for (token, pos), logits in zip(steps, interp_logits):
             (reference, *torch_caches), et = _timed(
-                lambda: step(torch.from_numpy(token), torch.tensor(pos), torch_caches))
+                lambda: step(torch.from_numpy(token), torch.tensor(pos),
+                             hf.torch_window(decode.window_length(pos)), torch_caches))
             eager_s.append(et)
             reference = reference.numpy()
             rel = max(rel, float(np.abs(logits - reference).max() / np.abs(reference).max()))

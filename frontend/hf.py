@@ -3,9 +3,10 @@ prefill graph and a decode graph with a functional static KV cache, and greedy g
 the reference interpreter.
 
 The KV cache is state the graphs pass along, never mutate: each layer's keys and values are
-[1, kv_heads, max_seq, head_dim] tensors; decode takes them as inputs and returns the updated ones.
-The write is `cache.index_copy(2, pos + arange(T), new)` (an `index_put` in core ATen), which the
-lowering turns into one SliceUpdate. Attention gets a custom additive 4D mask built from the
+[1, kv_heads, max_seq + 1, head_dim] tensors (CacheSpec); decode takes them as inputs and returns
+the updated ones. The write is `cache.index_copy(2, pos + arange(T), new)` (an `index_put` in core
+ATen), which the lowering turns into one SliceUpdate. Decode's attention reads the first W
+positions, W a symbol (ir/decode.py). Attention gets a custom additive 4D mask built from the
 positions, so transformers builds no mask of its own (and adds no packed-sequence checks).
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from torch.export import Dim
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ..ir import Graph, KilnError, ShapeError, run
+from ..ir import Graph, KilnError, ShapeError, decode, run
 from .lower import lower, to_numpy
 
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -67,14 +68,16 @@ def load_minilm() -> tuple[torch.nn.Module, object]:
 # ---- a functional static KV cache that transformers' attention layers accept -----------------
 
 class _StaticLayer(CacheLayerMixin):
-    """One layer's [B, kv_heads, max_seq, head_dim] keys and values; `update` writes the new
-    states at `positions` out of place and keeps the results, which become graph outputs."""
+    """One layer's [B, kv_heads, max_seq + 1, head_dim] keys and values; `update` writes the new
+    states at `positions` out of place and keeps the results, which become graph outputs.
+    Attention reads the first `window` positions (all of them when None)."""
     is_compileable = True
     is_sliding = False
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
+                 window: int | torch.SymInt | None = None):
         super().__init__()
-        self.keys, self.values, self.positions = keys, values, positions
+        self.keys, self.values, self.positions, self.window = keys, values, positions, window
         self.is_initialized = True
 
     def lazy_initialization(self, key_states, value_states) -> None:
@@ -84,10 +87,12 @@ class _StaticLayer(CacheLayerMixin):
         # key_states: [B, kv_heads, T, head_dim] -> written at max_seq positions pos .. pos+T-1
         self.keys = self.keys.index_copy(2, self.positions, key_states)
         self.values = self.values.index_copy(2, self.positions, value_states)
-        return self.keys, self.values  # attend over the whole cache; the mask hides unwritten slots
+        if self.window is None:
+            return self.keys, self.values  # the mask hides the slots not yet written
+        return self.keys[:, :, :self.window], self.values[:, :, :self.window]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.keys.shape[2], 0
+        return self.keys.shape[2] if self.window is None else self.window, 0
 
     def get_seq_length(self) -> int:
         raise KilnError("kiln: the functional cache has no length; pass position_ids")
@@ -115,7 +120,7 @@ def _additive_mask(positions: torch.Tensor, kv_len: int | torch.SymInt, dtype: t
 
 @dataclass(frozen=True)
 class CacheSpec:
-    """Shape of the static KV cache: 2 * layers tensors [1, kv_heads, max_seq, head_dim],
+    """Shape of the static KV cache: 2 * layers tensors [1, kv_heads, max_seq + 1, head_dim],
     ordered k0, v0, k1, v1, ..."""
     layers: int
     kv_heads: int
@@ -125,7 +130,10 @@ class CacheSpec:
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
-        return (1, self.kv_heads, self.max_seq, self.head_dim)
+        # one slot more than a window reaches, never written or read: a window of every
+        # position is then still a strict prefix, which torch.export slices without guarding
+        # on the window's length (an equal one would be contiguous, a shorter one not)
+        return (1, self.kv_heads, self.max_seq + 1, self.head_dim)
 
     def zeros(self, device: torch.device | None = None) -> list[torch.Tensor]:
         return [torch.zeros(self.shape, dtype=self.dtype, device=device) for _ in range(2 * self.layers)]
@@ -145,8 +153,9 @@ def _run_model(model, ids, positions, cache: Cache, mask) -> torch.Tensor:
     return out.logits
 
 
-def _cache(layer: type[_StaticLayer], caches: list[torch.Tensor], positions: torch.Tensor) -> Cache:
-    return Cache(layers=[layer(k, v, positions) for k, v in zip(caches[::2], caches[1::2])])
+def _cache(layer: type[_StaticLayer], caches: list[torch.Tensor], positions: torch.Tensor,
+           window: int | torch.SymInt | None = None) -> Cache:
+    return Cache(layers=[layer(k, v, positions, window) for k, v in zip(caches[::2], caches[1::2])])
 
 
 def _flat(cache: Cache) -> tuple[torch.Tensor, ...]:
@@ -154,7 +163,7 @@ def _flat(cache: Cache) -> tuple[torch.Tensor, ...]:
 
 
 class PrefillStep(torch.nn.Module):
-    """ids [1, T] -> (logits [1, T, vocab], k0, v0, k1, v1, ... each [1, kv_heads, max_seq, head_dim])."""
+    """ids [1, T] -> (logits [1, T, vocab], k0, v0, k1, v1, ... each CacheSpec.shape)."""
 
     def __init__(self, model: torch.nn.Module, spec: CacheSpec):
         super().__init__()
@@ -168,17 +177,19 @@ class PrefillStep(torch.nn.Module):
 
 
 class DecodeStep(torch.nn.Module):
-    """(ids [1, T], pos [] int64, caches) -> (logits [1, T, vocab], updated caches); T is 1 when
-    decoding, the tokens sit at positions pos .. pos+T-1."""
+    """(ids [1, T], pos [] int64, window [W], caches) -> (logits [1, T, vocab], updated caches);
+    T is 1 when decoding, the tokens sit at positions pos .. pos+T-1. Attention reads the cache's
+    first W positions (W >= pos + T; only the window's shape is read: ir/decode.py), so that its
+    cost follows the context, not max_seq."""
 
     def __init__(self, model: torch.nn.Module, spec: CacheSpec):
         super().__init__()
         self.model, self.spec = model, spec
 
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, caches: list[torch.Tensor]):
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, window: torch.Tensor, caches: list[torch.Tensor]):
         positions = pos + torch.arange(ids.shape[1], device=ids.device)             # [T]
-        cache = _cache(_StaticLayer, caches, positions)
-        mask = _additive_mask(positions, self.spec.max_seq, self.spec.dtype)        # [1, 1, T, max_seq]
+        cache = _cache(_StaticLayer, caches, positions, window.shape[0])
+        mask = _additive_mask(positions, window.shape[0], self.spec.dtype)          # [1, 1, T, W]
         return (_run_model(self.model, ids, positions, cache, mask), *_flat(cache))
 
 
@@ -224,7 +235,11 @@ def lower_decode(model: torch.nn.Module, spec: CacheSpec) -> Graph:
     # separate tensors: a view of another example input would make torch.export add a symbol for
     # its storage offset
     token = torch.zeros((1, 1), dtype=torch.long)
-    return lower(DecodeStep(model.eval(), spec), (token, torch.tensor(0), spec.zeros()))
+    window = torch_window(min(8, spec.max_seq))
+    return lower(DecodeStep(model.eval(), spec), (token, torch.tensor(0), window, spec.zeros()),
+                 dynamic_shapes={"ids": None, "pos": None,
+                                 "window": {0: Dim(decode.WINDOW, min=decode.SHORTEST, max=spec.max_seq)},
+                                 "caches": [None] * (2 * spec.layers)})
 
 
 def lower_causal_lm(model: torch.nn.Module, max_seq: int) -> LoweredLM:
@@ -247,10 +262,15 @@ def prefill(lm: LoweredLM, ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray
     return logits, caches
 
 
+def torch_window(length: int, device=None) -> torch.Tensor:
+    """DecodeStep's window argument: attention reads the caches' first `length` positions."""
+    return torch.zeros(length, dtype=torch.bool, device=device)
+
+
 def decode_one(lm: LoweredLM, ids: np.ndarray, pos: int, caches: list[np.ndarray]
                ) -> tuple[np.ndarray, list[np.ndarray]]:
     """ids [1, 1] at position pos -> (logits [1, 1, vocab], caches with slot pos written)."""
-    logits, *caches = run(lm.decode, [ids, np.array(pos, dtype=np.int64), *caches])
+    logits, *caches = run(lm.decode, decode.decode_args(lm.decode, ids, pos, caches))
     return logits, caches
 
 
@@ -280,15 +300,17 @@ def reference_generate(lm: LoweredLM, input_ids: list[int], max_new_tokens: int,
 SMALL_WEIGHT_BYTES = 1 << 20
 
 
-def save_lowered(lm: LoweredLM, path: str) -> None:
+def save_lowered(lm: LoweredLM, path: str, model: torch.nn.Module | None = None) -> None:
     """The two graphs as JSON, plus the small weights (norms, rotary tables, lifted constants) in
     safetensors beside it: a machine whose torch cannot export the model compiles from these,
-    taking the large weights from its own copy of the model (`load_lowered`)."""
+    taking the others from its own copy of the model (`load_lowered`), which has every weight of
+    `model` (where given, none of those is saved: a small model's are all small)."""
     import json
     import safetensors.numpy
     from ..ir.serialize import graph_to_json
+    theirs = set(_model_tensors(model)) if model is not None else set()
     small = {name: np.ascontiguousarray(w) for g in (lm.prefill, lm.decode)
-             for name, w in g.weights.items() if w.nbytes <= SMALL_WEIGHT_BYTES}
+             for name, w in g.weights.items() if w.nbytes <= SMALL_WEIGHT_BYTES and name not in theirs}
     record = {"prefill": graph_to_json(lm.prefill), "decode": graph_to_json(lm.decode),
               "cache": {"layers": lm.cache.layers, "kv_heads": lm.cache.kv_heads,
                         "max_seq": lm.cache.max_seq, "head_dim": lm.cache.head_dim,
@@ -299,6 +321,12 @@ def save_lowered(lm: LoweredLM, path: str) -> None:
     safetensors.numpy.save_file(small, path + ".safetensors.tmp")
     os.replace(path + ".json.tmp", path + ".json")
     os.replace(path + ".safetensors.tmp", path + ".safetensors")
+
+
+def _model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's parameters and buffers under the names its graphs' weights have."""
+    return {**{f"model.{k}": v for k, v in model.state_dict(keep_vars=False).items()},
+            **{f"model.{k}": v for k, v in model.named_buffers()}}
 
 
 def load_lowered(path: str, model: torch.nn.Module) -> LoweredLM:
@@ -313,8 +341,7 @@ def load_lowered(path: str, model: torch.nn.Module) -> LoweredLM:
         small = {name: saved.get_tensor(name) for name in saved.keys()}
     c = record["cache"]
     spec = CacheSpec(c["layers"], c["kv_heads"], c["max_seq"], c["head_dim"], getattr(torch, c["dtype"]))
-    tensors = {**{f"model.{k}": v for k, v in model.state_dict(keep_vars=False).items()},
-               **{f"model.{k}": v for k, v in model.named_buffers()}}
+    tensors = _model_tensors(model)
     graphs = []
     for which in ("prefill", "decode"):
         graph = graph_from_json(record[which])

@@ -21,7 +21,7 @@ from safetensors import SafetensorError, safe_open
 
 from ..ir.errors import KilnError
 
-ARTIFACT_FORMAT = 1
+ARTIFACT_FORMAT = 2
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 

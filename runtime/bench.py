@@ -15,6 +15,7 @@ from rich.table import Table
 
 from ..frontend import catalog, hf
 from ..frontend.bench import write_json
+from ..ir.decode import decode_args, window_length
 from .model import CompiledModel
 
 
@@ -48,7 +49,7 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
     kiln_logits, kiln_decode = [], []
     for k, token in enumerate(steps):
         start = time.perf_counter()
-        logits, *_ = decode_graph(np.array([[token]]), np.array(prompt_len + k), *caches)
+        logits, *_ = decode_graph(*decode_args(decode_graph.graph, np.array([[token]]), prompt_len + k, caches))
         kiln_decode.append(time.perf_counter() - start)
         kiln_logits.append(logits)
 
@@ -61,7 +62,7 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
         for k, (token, mine) in enumerate(zip(steps, kiln_logits)):
             start = time.perf_counter()
             logits, *torch_caches = decode_step(torch.tensor([[int(token)]]), torch.tensor(prompt_len + k),
-                                                torch_caches)
+                                                hf.torch_window(window_length(prompt_len + k)), torch_caches)
             eager_decode.append(time.perf_counter() - start)
             ref = logits.float().numpy()
             rel = max(rel, float(np.abs(mine - ref).max() / np.abs(ref).max()))

@@ -15,6 +15,11 @@ import numpy as np
 import torch
 
 from ..frontend import catalog, hf
+from ..ir import ShapeError
+from ..ir.decode import decode_args, window_length
+
+
+AT_POSITION_TOKENS = 32      # decode steps timed from each position asked for (after 4 of warm-up)
 
 
 def _decode_rate(step, tokens: int, warmup: int = 4) -> float:
@@ -72,7 +77,7 @@ def _write_json(result: dict, path: str) -> None:
 
 def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch_compile: bool,
             db: str | None, lowered_path: str | None = None, prefill: int = 512,
-            json_path: str | None = None) -> dict:
+            json_path: str | None = None, positions: tuple[int, ...] = ()) -> dict:
     from .driver import compile_lm
     loaded = catalog.load(spec)
     model = loaded.model.to(getattr(torch, dtype)).eval()
@@ -104,10 +109,15 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
     kiln_logits = []
 
     def kiln_step(k: int) -> None:
-        out = decode(np.array([[ids[k]]]), np.array(start_pos + k), *caches)
+        out = decode(*decode_args(decode.graph, np.array([[ids[k]]]), start_pos + k, caches))
         if len(kiln_logits) < 8:
             kiln_logits.append(decode.backend.to_host(out[0], decode.graph.outputs[0].dtype))
     result["kiln_decode_tokens_per_s"] = _decode_rate(kiln_step, tokens)
+    for pos in positions:       # a step's cost as the context grows (attention reads the window)
+        rate = _decode_rate(lambda k: decode(*decode_args(decode.graph, np.array([[ids[k % len(ids)]]]), pos + k, caches)),
+                            AT_POSITION_TOKENS)
+        result.setdefault("kiln_decode_tokens_per_s_at", {})[str(pos)] = rate
+        print(f"  kiln decode at position {pos}: {rate:.1f} tok/s", flush=True)
     result["kiln_kernels_per_token"] = decode.kernel_count
     result["kiln_decode_replays_a_graph"] = decode._recording is not None
     regions = compiled.report["graphs"]["decode"]["regions"]
@@ -142,9 +152,13 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
             # one step returns are the next step's inputs, so they are copied out (2 x 23 MB a token
             # for Llama-3.2-1B at max_seq 704, about 1% of a step at 4 TB/s)
             torch.compiler.cudagraph_mark_step_begin()
+        # both attend over the whole static cache, transformers' static-cache recipe: one shape a
+        # step (eager over a window growing each step ran 2-5x slower on the H200, each new
+        # shape costing it more than the positions it skips)
         with torch.no_grad():
             logits, *torch_caches = fn(torch.tensor([[int(ids[k])]], device="cuda"),
-                                       torch.tensor(start_pos + k, device="cuda"), torch_caches)
+                                       torch.tensor(start_pos + k, device="cuda"),
+                                       hf.torch_window(max_seq, "cuda"), torch_caches)
         if fn is not step:
             torch_caches = [c.clone() for c in torch_caches]
         if fn is step and len(eager_logits) < 8:
@@ -238,7 +252,8 @@ def _fp32_logits(model, cache, ids, start_pos: int, count: int) -> list:
     with torch.no_grad():
         for k in range(count):
             logits, *caches = step(torch.tensor([[int(ids[k])]], device="cuda"),
-                                   torch.tensor(start_pos + k, device="cuda"), caches)
+                                   torch.tensor(start_pos + k, device="cuda"),
+                                   hf.torch_window(window_length(start_pos + k), "cuda"), caches)
             out.append(logits.float().cpu().numpy())
     del reference
     torch.cuda.empty_cache()
@@ -250,8 +265,13 @@ SYSTEMS = (("eager", "PyTorch eager"), ("torch_compile", "torch.compile max-auto
 
 def run_gpu_bench(spec: str, dtype: str, tokens: int, budget: str, max_seq: int,
                   torch_compile: bool, json_path: str | None, db: str | None,
-                  lowered_path: str | None = None, prefill: int = 512) -> dict:
-    r = measure(spec, dtype, tokens, budget, max_seq, torch_compile, db, lowered_path, prefill, json_path)
+                  lowered_path: str | None = None, prefill: int = 512, positions: tuple[int, ...] = ()) -> dict:
+    too_far = [p for p in positions if p + AT_POSITION_TOKENS + 4 > max_seq]
+    if too_far:
+        raise ShapeError(f"kiln: decode at position {too_far[0]} needs max_seq of at least "
+                         f"{too_far[0] + AT_POSITION_TOKENS + 4} ({AT_POSITION_TOKENS} timed steps and 4 of warm-up)")
+    r = measure(spec, dtype, tokens, budget, max_seq, torch_compile, db, lowered_path, prefill, json_path,
+                positions)
     print(f"{r['model']} {r['dtype']} on {r['gpu']}: {r['tokens']} decode tokens timed (median), "
           f"prefill of {r['prefill_tokens']} tokens; copy bandwidth {r['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
           f"weights {r['weight_bytes'] / 1e9:.2f} GB, bound {r['bandwidth_bound_tokens_per_s']:.0f} tok/s")

@@ -4,12 +4,13 @@ nothing of the search."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from ..codegen.kernel import KernelConfig
 from ..codegen.schedule import POLICIES, schedule
-from ..ir import Graph, Node
+from ..ir import Graph, Node, ShapeError
 from ..ir.graph import is_weight
 from ..search import regions as regionlib
 from .executor import Executor
@@ -32,6 +33,13 @@ def region_graph(graph: Graph, region: regionlib.Region, outputs: list[Node]) ->
                  weights=weights, symbols=dict(graph.symbols))
 
 
+def replays(graph: Graph) -> bool:
+    """Whether a backend that records launches runs `graph` as one recording: its outputs have
+    one size whatever its symbols (decode's logits and caches; the window it attends over is a
+    symbol the kernels read on the device). Prefill's outputs grow with the prompt."""
+    return all(d.is_const for n in graph.outputs for d in n.shape)
+
+
 class CompiledGraph:
     """A graph whose regions run as the search chose them."""
 
@@ -40,20 +48,30 @@ class CompiledGraph:
         self._recording = None
         self.regions = regionlib.split(graph)
         self.executors = []
+        self._symbol_buffers: dict = {}     # shared by every region: a replay writes each once
         first: dict[str, Executor] = {}     # identical regions share a program and its kernels
         for region in self.regions:
             choice = choices[region.key]
             sub = region_graph(graph, region, choice.outputs)
             like = first.get(region.key)
             program = like.program if like else schedule(sub, POLICIES[choice.variant])
-            executor = Executor(sub, program, choice.configs, backend, like=like, deployed=True)
+            executor = Executor(sub, program, choice.configs, backend, like=like, deployed=True,
+                                symbol_buffers=self._symbol_buffers)
             first.setdefault(region.key, executor)
             self.executors.append(executor)
         # asked once: a decode step is short, and the question walks every kernel (~80 us for 60
         # kernels here, on every call, before it was kept)
-        self._replayable = (hasattr(self.backend, "capture") and
-                            all(d.is_const for n in self.graph.inputs for d in n.shape) and
+        self._replayable = (hasattr(self.backend, "capture") and replays(graph) and
                             all(ex.replayable for ex in self.executors))
+        # where each symbol is read from (an input's dimension), and the inputs no node reads:
+        # what a replayed step needs of its arguments
+        self._symbol_dims = {}
+        for i, node in enumerate(graph.inputs):
+            for axis, dim in enumerate(node.shape):
+                if dim.symbol_name is not None:
+                    self._symbol_dims.setdefault(dim.symbol_name, (i, axis))
+        read = {id(x) for node in graph.nodes() for x in node.inputs} | {id(o) for o in graph.outputs}
+        self._unread = {i for i, node in enumerate(graph.inputs) if id(node) not in read}
         # per region, the nodes whose values it is called with (its weights are its own)
         self._feeds = [[f for i, f in zip(region.inputs, region.feeds) if not is_weight(i)]
                        for region in self.regions]
@@ -88,13 +106,13 @@ class CompiledGraph:
 
     def __call__(self, *args) -> list:
         """Outputs as the backend's arrays (numpy on the CPU); inputs numpy or the backend's.
-        Where the backend records launches (CUDA graphs), every input size is fixed (decode) and
+        Where the backend records launches (CUDA graphs), every output size is fixed (decode) and
         every region's executor can be recorded, a call replays the recording."""
         if self._replayable:
             return self._replay(args)
         return self._run([self.backend.input(a) for a in args], copy=True)
 
-    def _run(self, args: list, copy: bool) -> list:
+    def _run(self, args: list, copy: bool, recording: bool = False) -> list:
         """The graph's inputs are checked once, here; its regions are called with the symbols
         this binds (a region's inputs follow from the graph's), without checking theirs again:
         SmolLM2's decode spent 1-2 ms a token binding its 32 regions one by one."""
@@ -103,7 +121,7 @@ class CompiledGraph:
         values: dict[int, object] = {id(n): a for n, a in zip(self.graph.inputs, args)}
         for region, feeds, executor in zip(self.regions, self._feeds, self.executors):
             # between regions, outputs stay in the producing executor's memory (it runs once a call)
-            outputs = executor.run_bound([values[id(f)] for f in feeds], env)
+            outputs = executor.run_bound([values[id(f)] for f in feeds], env, recording=recording)
             for node, value in zip(region.produces, outputs):
                 values[id(node)] = value
         passed = {id(a) for a in args}      # inputs written in place go back as they are
@@ -111,25 +129,62 @@ class CompiledGraph:
                 for o in self.graph.outputs]
 
     def _replay(self, args) -> list:
-        """Host inputs (token ids, positions) are copied into fixed device buffers; device inputs
-        (the KV cache) are used where they are, so a recording holds for as long as the caller
-        passes the same device arrays."""
+        """Host inputs (token ids, positions) are copied into fixed device buffers, of their
+        largest sizes; device inputs (the KV cache) are used where they are, so a recording holds
+        for as long as the caller passes the same device arrays. The recording launches every
+        kernel at the symbols' largest sizes; before each replay the symbols' values are written
+        where the kernels read them. A step's host work is kept to those copies: the checks
+        (dtypes, shapes, symbol ranges) ran when the recording was made, and an input of the
+        same kind passes them again (a decode step's host time is a share of its time)."""
         b = self.backend
-        key = tuple(b.address(a) if b.is_device(a) else (np.shape(a), np.asarray(a).dtype.str) for a in args)
+        key = tuple(b.address(a) if b.is_device(a) else (np.ndim(a), np.asarray(a).dtype.str) for a in args)
         if self._recording is None or self._recording[0] != key:
             self._recording = None      # free the old recording's buffers first
-            staged = [a if b.is_device(a) else b.input(np.asarray(a)) for a in args]
-            self._run(staged, copy=False)     # loads every kernel; checks inputs outside the recording
-            outputs: list = []
-            replay = b.capture(lambda: outputs.extend(self._run(staged, copy=False)))
-            self._recording = (key, staged, outputs, replay)
+            self._recording = (key, *self._record(args))
         _, staged, outputs, replay = self._recording
-        for buffer, a in zip(staged, args):
-            if buffer is not a:
-                b.write(buffer, np.asarray(a))
+        env = {}
+        for symbol, (i, axis) in self._symbol_dims.items():
+            env[symbol] = value = np.shape(args[i])[axis]
+            lo, hi = self.graph.symbols[symbol]
+            if not lo <= value <= hi:    # checked here: the recording skips the full check
+                raise ShapeError(f"kiln: input {i} ('{self.graph.inputs[i].attrs['name']}') dimension "
+                                 f"{axis} is {value}, outside {symbol}'s range {lo}..{hi}")
+        self._stage(staged, args, views=False)
+        for symbols, buffer in self._symbol_buffers.items():
+            if symbols:
+                b.write_symbols(buffer, [env[s] for s in symbols])
         replay()
         passed = {id(a) for a in staged}
         return [o if id(o) in passed else o.copy() for o in outputs]
+
+    def _record(self, args) -> tuple[list, list, Callable[[], None]]:
+        """The staging buffers, the outputs and the replay of a recording made on `args`."""
+        b = self.backend
+        largest = {name: hi for name, (lo, hi) in self.graph.symbols.items()}
+        staged = [a if b.is_device(a) else
+                  b.input(np.zeros(tuple(d.evaluate(largest) for d in n.shape), np.asarray(a).dtype))
+                  for a, n in zip(args, self.graph.inputs)]
+        views = self._stage(staged, args)
+        self._run(views, copy=False)     # loads every kernel; checks inputs outside the recording
+        outputs: list = []
+        replay = b.capture(lambda: outputs.extend(self._run(views, copy=False, recording=True)))
+        return staged, outputs, replay
+
+    def _stage(self, staged: list, args, views: bool = True) -> list:
+        """Each host input written into the front of its fixed buffer; with `views`, the inputs
+        as the recording is made on: device inputs as they are, host ones as views of their own
+        shapes at the front of their buffers (the addresses the recording holds). An input no
+        node reads (decode's window: only its length counts) is never copied."""
+        out = []
+        for i, (buffer, a) in enumerate(zip(staged, args)):
+            if buffer is not a and (views or i not in self._unread):
+                a = np.asarray(a)
+                buffer = buffer if a.shape == buffer.shape else buffer.reshape(-1)[:a.size].reshape(a.shape)
+                if i not in self._unread:
+                    self.backend.write(buffer, a)
+                a = buffer
+            out.append(a)
+        return out
 
     def host(self, *args) -> list[np.ndarray]:
         return [self.backend.to_host(out, node.dtype) for out, node in zip(self(*args), self.graph.outputs)]

@@ -20,7 +20,7 @@ from ..search.budget import Deadline
 from ..search.saturate import Limits, StageReport, saturate
 from ..search.tuner import Progress, RegionTuner
 from ..search.tunedb import TuneDB
-from .compiled import Choice, CompiledGraph, region_graph
+from .compiled import Choice, CompiledGraph, region_graph, replays
 from .measure import Measurer, Region
 from .worker import IsolatedEvaluate
 
@@ -97,7 +97,7 @@ def _search_region(graph, key, group, feeds, env, backend, db, fingerprint, comp
     inputs = [i for i in rep.inputs if not is_weight(i)]
     sub = region_graph(graph, rep, rep.outputs)
     region = Region(inputs, sub.weights, dict(graph.symbols), [feeds[i] for i in inputs],
-                    evaluate(rep.outputs, feeds, env))
+                    evaluate(rep.outputs, feeds, env), sizes=dict(env), recorded=replays(graph))
     measurer = Measurer(backend, db, fingerprint, region, deadline=deadline)
     if isolated:
         isolated.load(region, deadline)
@@ -113,10 +113,9 @@ def _search_region(graph, key, group, feeds, env, backend, db, fingerprint, comp
             isolated(outputs, variant)
         return measurer.end_to_end(outputs, variant)
     # every policy is tried while the budget lasts, in an order that puts the likely winners
-    # first: at fixed sizes (decode: GEMVs, bound by launches and bytes) the fused ones; at
-    # symbolic sizes (prefill: GEMMs a library call takes whole) the plain ones
-    fixed = all(d.is_const for n in inputs for d in n.shape)
-    variants = sorted(POLICIES, key=lambda v: POLICIES[v].epilogues != fixed)
+    # first: in decode (GEMVs, bound by launches and bytes) the fused ones; in prefill (GEMMs a
+    # library call takes whole) the plain ones
+    variants = sorted(POLICIES, key=lambda v: POLICIES[v].epilogues != region.recorded)
     tuner = RegionTuner(key, label, rep.outputs, saturated, variants,
                         isolated or measurer.evaluate, end_to_end, db, compile_id, seed,
                         lambda p, d=deadline: on_progress(p, d.remaining()))

@@ -152,8 +152,9 @@ class CudaBackend:
     def symbol_buffer(self, count: int):
         return self.cp.zeros(max(1, count), dtype=self.cp.int64)
 
-    def write_symbols(self, buffer, values: list[int]) -> None:
-        buffer[:len(values)] = self.cp.asarray(np.asarray(values, dtype=np.int64))
+    @staticmethod
+    def write_symbols(buffer, values: list[int]) -> None:
+        buffer.set(np.asarray(values, dtype=np.int64))     # one copy; the buffer holds exactly these
 
     def poison(self, buffer, dtype: DType) -> None:
         """NaN bit patterns for floats (bf16 0x7fc0, f16 0x7e00), all bits set otherwise."""

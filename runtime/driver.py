@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..ir import Graph, KilnError
+from ..ir import Graph, KilnError, decode
 from ..search.budget import parse_budget
 from ..search.tuner import Progress
 from ..search.tunedb import TuneDB
@@ -145,7 +145,7 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
     # decode is tuned on the caches a real prompt leaves (the reference interpreter's prefill)
     _, caches = hf.prefill(lowered, prompt)
     token = rng.integers(0, lowered.vocab_size, size=(1, 1), dtype=np.int64)
-    decode_args = [token, np.array(tune_seq, dtype=np.int64), *caches]
+    decode_args = decode.decode_args(lowered.decode, token, tune_seq, caches)
     what = hashlib.sha256(f"lm {type(model).__name__} {model.config.to_json_string()} {max_seq} "
                           f"{backend}".encode()).hexdigest()[:16]
     compile_id = compile_id_for(out, resume, what, db)

@@ -4,10 +4,12 @@ where the program says so (the KV cache)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from ..codegen.kernel import KernelConfig
+from ..codegen.library import is_library
 from ..codegen.schedule import Program
 from ..ir.graph import Graph
 
@@ -65,13 +67,19 @@ class Executor:
 
     def __init__(self, graph: Graph, program: Program, configs: list[KernelConfig], backend,
                  weights: dict[str, np.ndarray] | None = None, reuse: bool = True,
-                 like: Executor | None = None, deployed: bool = False):
+                 like: Executor | None = None, deployed: bool = False,
+                 symbol_buffers: dict[tuple[str, ...], object] | None = None,
+                 sizes: dict[str, int] | None = None):
         """`like`: an executor of the same program (an identical layer) whose compiled kernels
         this one shares; only the weights differ. `deployed`: a call runs the kernels as the
         backend deploys them, where it has a mode of its own (the CPU: one C call per region,
-        runtime/cpu_region.py); launch, launch_args and trace stay kernel by kernel."""
+        runtime/cpu_region.py); launch, launch_args and trace stay kernel by kernel.
+        `symbol_buffers`: the buffers kernels read their symbols from, one per tuple of symbols,
+        shared with the other regions of a compiled graph (a recorded step writes each once).
+        `sizes`: values of symbols a call's input shapes do not give (a region measured alone:
+        a decode layer's window comes from the graph's input, not the layer's)."""
         self.graph, self.program, self.backend = graph, program, backend
-        self.configs = list(configs)
+        self.configs, self.sizes = list(configs), dict(sizes or {})
         if like is not None:
             self.sources, self.functions = like.sources, like.functions
         else:
@@ -88,17 +96,23 @@ class Executor:
             elif name in self.plan.slot_of:
                 self.arrays[name] = arena[self.plan.slot_of[name]]
         # per kernel: its buffers (a fixed address, or the name of a call input) and its symbols
-        self._symbols = [backend.symbol_buffer(len(k.symbols)) for k in program.kernels]
+        self.symbol_buffers = {} if symbol_buffers is None else symbol_buffers
+        for kernel in program.kernels:
+            if kernel.symbols not in self.symbol_buffers:
+                self.symbol_buffers[kernel.symbols] = backend.symbol_buffer(len(kernel.symbols))
+        # a recording launches each kernel at the symbols' largest sizes; the kernel reads the
+        # sizes of the call from its symbol buffer and covers only those points
+        self.largest = {name: hi for name, (lo, hi) in graph.symbols.items()}
         self._args = []
-        for kernel, symbols in zip(program.kernels, self._symbols):
+        for kernel in program.kernels:
+            symbols = self.symbol_buffers[kernel.symbols]
             args = []
             for name in (kernel.output.name, *(b.name for b in kernel.inputs)):
                 name = program.aliases.get(name, name)
                 args.append(name if name not in self.arrays else backend.arg(self.arrays[name]))
             args.append(backend.arg(symbols))
             self._args.append(args)
-        self._dynamic = [i for i, k in enumerate(program.kernels)
-                         if k.symbols or any(isinstance(a, str) for a in self._args[i])]
+        self._dynamic = [i for i, args in enumerate(self._args) if any(isinstance(a, str) for a in args)]
         self._launchers = [backend.launcher(fn, k, c)
                            for fn, k, c in zip(self.functions, program.kernels, self.configs)]
         self.runner = None
@@ -107,12 +121,26 @@ class Executor:
 
     @property
     def replayable(self) -> bool:
-        """Whether a recording of one call (a CUDA graph) replays it for any later call: every input
-        size fixed, no symbol a kernel reads (writing one copies from the host), and every kernel
-        one the backend can record (a cuBLAS call can; CuPy's allocating matmul fallback cannot)."""
-        return (all(d.is_const for n in self.graph.inputs for d in n.shape) and
-                not any(k.symbols for k in self.program.kernels) and
-                all(self.backend.capturable(fn) for fn in self.functions))
+        """Whether a recording of one call (a CUDA graph) replays it for later calls: every kernel
+        one the backend can record: a generated kernel always (it reads its symbols from device
+        memory, and a recording launches it at their largest sizes), a library call where it
+        reads no symbol (its sizes are in the call) and runs as one call (a cuBLAS call does;
+        CuPy's allocating matmul fallback does not)."""
+        return all(
+            not (kernel.symbols and is_library(name)) and self.backend.capturable(fn)
+            for kernel, (name, _), fn in zip(self.program.kernels, self.sources, self.functions))
+
+    def write_symbols(self, env: dict[str, int]) -> None:
+        """The symbols' values into the buffers kernels read them from (each tuple once)."""
+        for symbols, buffer in self.symbol_buffers.items():
+            if symbols:
+                self.backend.write_symbols(buffer, [env[s] for s in symbols])
+
+    def record(self, args) -> Callable[[], None]:
+        """A recording (CUDA graph) of one call on `args`; returns the function that replays it."""
+        inputs, env = self.bind(args)
+        self.write_symbols(env)
+        return self.backend.capture(lambda: self._run(inputs, env, copy=False, recording=True))
 
     def __call__(self, *args, copy: bool = True) -> list:
         """Run on inputs in the graph's input order. Inputs the program updates in place (the KV
@@ -121,17 +149,21 @@ class Executor:
         inputs, env = self.bind(args)
         return self._run(inputs, env, copy)
 
-    def run_bound(self, args: list, env: dict[str, int], copy: bool = False) -> list:
+    def run_bound(self, args: list, env: dict[str, int], copy: bool = False, recording: bool = False) -> list:
         """A call on inputs already the backend's arrays and checked, with the symbols' values
-        (a compiled graph checks its inputs once for all its regions)."""
-        return self._run(dict(zip(self.program.inputs, args)), env, copy)
+        (a compiled graph checks its inputs once for all its regions). `recording`: launched
+        at the largest sizes, the symbol buffers left as the caller wrote them."""
+        return self._run(dict(zip(self.program.inputs, args)), env, copy, recording)
 
-    def _run(self, inputs: dict, env: dict[str, int], copy: bool) -> list:
+    def _run(self, inputs: dict, env: dict[str, int], copy: bool, recording: bool = False) -> list:
         if self.runner is not None:
             self.runner(inputs, env)
         else:
-            for launch, kernel_args in zip(self._launchers, self.launch_args(inputs, env)):
-                launch(kernel_args, env)
+            if not recording:
+                self.write_symbols(env)
+            sizes = self.largest if recording else env
+            for launch, kernel_args in zip(self._launchers, self._call_args(inputs)):
+                launch(kernel_args, sizes)
         return [self.result(name, inputs, env, copy) for name in self.program.outputs]
 
     def launch(self, index: int, kernel_args: list, env: dict[str, int]) -> None:
@@ -139,8 +171,9 @@ class Executor:
         self._launchers[index](kernel_args, env)
 
     def launch_one(self, index: int, inputs: dict, env: dict[str, int]) -> None:
-        """Run kernel `index` alone on one call's inputs (a deployed runner's library calls)."""
-        self._launchers[index](self._bound_args(index, inputs, env), env)
+        """Run kernel `index` alone on one call's inputs (a deployed runner's library calls, which
+        take their sizes from `env`)."""
+        self._launchers[index](self._bound_args(index, inputs), env)
 
     def kernel_buffer_args(self, index: int) -> list:
         """Kernel `index`'s buffer arguments (output, then inputs): a fixed address as the
@@ -166,20 +199,21 @@ class Executor:
     def bind(self, args) -> tuple[dict, dict[str, int]]:
         args = [self.backend.input(a) for a in args]
         dtypes = [self.backend.logical_dtype(a, n.dtype) for a, n in zip(args, self.graph.inputs)]
-        env = self.graph.bind_symbols([tuple(a.shape) for a in args], dtypes)
+        env = self.sizes | self.graph.bind_symbols([tuple(a.shape) for a in args], dtypes)
         return dict(zip(self.program.inputs, args)), env
 
     def launch_args(self, inputs: dict, env: dict[str, int]) -> list[list]:
-        """Each kernel's arguments for one call (fixed addresses are built once)."""
+        """Each kernel's arguments for one call, its symbols written (fixed addresses are built once)."""
+        self.write_symbols(env)
+        return self._call_args(inputs)
+
+    def _call_args(self, inputs: dict) -> list[list]:
         out = list(self._args)
         for i in self._dynamic:
-            out[i] = self._bound_args(i, inputs, env)
+            out[i] = self._bound_args(i, inputs)
         return out
 
-    def _bound_args(self, index: int, inputs: dict, env: dict[str, int]) -> list:
-        kernel = self.program.kernels[index]
-        if kernel.symbols:
-            self.backend.write_symbols(self._symbols[index], [env[s] for s in kernel.symbols])
+    def _bound_args(self, index: int, inputs: dict) -> list:
         return [self.backend.arg(inputs[a]) if isinstance(a, str) else a for a in self._args[index]]
 
     def result(self, name: str, inputs: dict, env: dict[str, int], copy: bool = True):

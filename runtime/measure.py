@@ -4,7 +4,7 @@ remembers every measurement, so a resumed or repeated compile re-measures nothin
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -24,15 +24,27 @@ TIMING_TARGET_S = 0.002      # per kernel and configuration: repeat until this m
 MAX_REPEATS = 50
 
 
+def kernel_space(backend, kernel: Kernel, recorded: bool) -> list:
+    """The configurations the tuner tries for `kernel`. A library call that reads a symbol would
+    hold the sizes of the call it was recorded in: in a graph that replays a recording (decode),
+    such a kernel keeps to generated code, which reads its sizes on the device."""
+    return [c for c in backend.config_space(kernel)
+            if not (recorded and kernel.symbols and isinstance(c, LibraryConfig))]
+
+
 @dataclass
 class Region:
     """What a region's candidates are measured with: its inputs, weights and symbols, values for
-    its inputs, and the reference outputs those give."""
+    its inputs, and the reference outputs those give. `sizes`: the symbols' values in that call,
+    which a region's inputs need not show (a decode layer reads the window the graph's input
+    sets, through no input of its own)."""
     inputs: list[Node]
     weights: dict[str, np.ndarray]
     symbols: dict[str, tuple[int, int]]
     args: list[np.ndarray]
     want: list[np.ndarray]
+    sizes: dict[str, int] = field(default_factory=dict)
+    recorded: bool = False        # its graph runs as one recording where the backend records (decode)
 
     def graph(self, outputs: list[Node]) -> Graph:
         return Graph(inputs=self.inputs, outputs=list(outputs), weights=self.weights,
@@ -52,6 +64,7 @@ class Measurer:
         self.rtol = tolerance([n.dtype.np for n in region.inputs] +
                               [w.dtype for w in region.weights.values()])
         self.kernels_measured = 0
+        self._recorded = hasattr(backend, "capture") and region.recorded
 
     # --- the tuner's callables ----------------------------------------------------------------
     def evaluate(self, outputs: list[Node], variant: str) -> Outcome:
@@ -59,7 +72,7 @@ class Measurer:
         program = schedule(graph, POLICIES[variant])
         try:
             executor = Executor(graph, program, [self.backend.default_config()] * len(program.kernels), self.backend,
-                                reuse=False)
+                                reuse=False, sizes=self.region.sizes)
         except CompileError as err:
             return Outcome("compile", None, str(err)[-500:])
         args = self._fresh_args()
@@ -76,7 +89,7 @@ class Measurer:
         graph's replay at fixed sizes; on the CPU one C call for the region's kernels), so that
         finalists are ranked by what the user gets, not by launches a compiled graph never pays."""
         graph, program, configs = self.build(outputs, variant)
-        executor = Executor(graph, program, configs, self.backend, deployed=True)
+        executor = Executor(graph, program, configs, self.backend, deployed=True, sizes=self.region.sizes)
         args = self._fresh_args()
         executor(*args)
         # a compiled graph leaves a region's outputs in its memory for the next region
@@ -88,10 +101,10 @@ class Measurer:
 
     def _as_deployed(self, executor: Executor, args: list) -> Callable[[], object]:
         """One run of the region in the launch mode a user gets: a CUDA graph's replay where the
-        backend records launches and the region has fixed sizes (decode), else its deployed call
-        (on the CPU, one C call for the region's kernels)."""
-        if hasattr(self.backend, "capture") and executor.replayable:
-            return self.backend.capture(lambda: executor(*args, copy=False))
+        backend records launches and the region's outputs have fixed sizes (decode), else its
+        deployed call (on the CPU, one C call for the region's kernels)."""
+        if self._recorded and executor.replayable:
+            return executor.record(args)
         return lambda: executor(*args, copy=False)
 
     def build(self, outputs: list[Node], variant: str) -> tuple[Graph, Program, list[KernelConfig]]:
@@ -100,7 +113,7 @@ class Measurer:
         graph = self.region.graph(outputs)
         program = schedule(graph, POLICIES[variant])
         executor = Executor(graph, program, [self.backend.default_config()] * len(program.kernels), self.backend,
-                            reuse=False)
+                            reuse=False, sizes=self.region.sizes)
         args = self._fresh_args()
         executor(*args)
         configs, _ = self._tune_kernels(executor, args)
@@ -110,7 +123,7 @@ class Measurer:
         """Per kernel of a chosen program: what it computes, its configuration, its measured time
         and the bytes and operations it must at least move and do, at the tuning sizes."""
         args = self.region.args
-        env = self.region.graph([]).bind_symbols(
+        env = self.region.sizes | self.region.graph([]).bind_symbols(
             [np.shape(a) for a in args], [np.asarray(a).dtype for a in args])
         rows = []
         for kernel, config in zip(program.kernels, configs):
@@ -146,7 +159,7 @@ class Measurer:
         for i, kernel in enumerate(kernels):
             symbols = {s: env[s] for s in kernel.symbols}
             rows = [(c, *self.backend.render(kernel, c))
-                    for c in self.backend.config_space(kernel)[:self.max_configs]]
+                    for c in kernel_space(self.backend, kernel, self._recorded)[:self.max_configs]]
             options.append((symbols, rows))
             # past the deadline only the default (what the winner needs to run) and a library
             # call are measured: one BLAS or cuBLAS call needs no compile, and what it saves on a

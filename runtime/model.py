@@ -13,6 +13,7 @@ import numpy as np
 
 from ..codegen.c_runner import is_runner
 from ..ir import DType, Graph, KilnError
+from ..ir.decode import decode_args
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..search import regions as regionlib
 from .artifact import read_artifact, write_artifact
@@ -102,7 +103,7 @@ class CompiledModel:
 
     def _decode(self, ids: np.ndarray, pos: int, caches: list) -> np.ndarray:
         graph = self.graphs["decode"]
-        logits, *_ = graph(ids, np.array(pos, dtype=np.int64), *caches)
+        logits, *_ = graph(*decode_args(graph.graph, ids, pos, caches))
         return graph.backend.to_host(logits, graph.graph.outputs[0].dtype)
 
     def generate(self, input_ids, max_new_tokens: int = 32, do_sample: bool = False,

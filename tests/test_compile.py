@@ -143,7 +143,8 @@ def test_bad_generation_input_is_refused(tiny):
     with pytest.raises(ShapeError, match="compiled for 48"):
         compiled.generate(list(range(40)), max_new_tokens=10)
     with pytest.raises(kiln.KilnTypeError, match="dtype"):
-        compiled.graphs["decode"](np.array([[1]], dtype=np.int32), np.array(0), *compiled._zero_caches())
+        compiled.graphs["decode"](np.array([[1]], dtype=np.int32), np.array(0), np.zeros(2, np.bool_),
+                                  *compiled._zero_caches())
     with pytest.raises(ShapeError, match="shape"):
         compiled.graphs["prefill"](np.zeros((2, 3), dtype=np.int64))
 

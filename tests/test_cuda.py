@@ -19,6 +19,7 @@ from kiln.codegen.library import LibraryConfig, is_library
 from kiln.codegen.schedule import POLICIES, schedule
 from kiln.frontend.hf import load_lowered, lower_causal_lm
 from kiln.ir import DType, run
+from kiln.ir.decode import CACHES_START, decode_args
 from tests.helpers import tiny_llama
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -191,11 +192,13 @@ def test_bf16_logits_within_2e_2_of_pytorch(tmp_path):
 
 def with_cublas_products(compiled):
     """The same regions with every matrix product the search may run as a cuBLAS call run so."""
-    from kiln.runtime.compiled import Choice, CompiledGraph
+    from kiln.runtime.compiled import Choice, CompiledGraph, replays
+    from kiln.runtime.measure import kernel_space
     choices = {}
+    recorded = replays(compiled.graph)
     for key, choice in compiled.choices.items():
         executor = next(ex for r, ex in zip(compiled.regions, compiled.executors) if r.key == key)
-        configs = [LibraryConfig() if LibraryConfig() in compiled.backend.config_space(k) else c
+        configs = [LibraryConfig() if LibraryConfig() in kernel_space(compiled.backend, k, recorded) else c
                    for k, c in zip(executor.program.kernels, choice.configs)]
         choices[key] = Choice(choice.outputs, choice.variant, configs)
     return CompiledGraph(compiled.graph, choices, compiled.backend)
@@ -215,12 +218,13 @@ def test_decode_replays_one_cuda_graph_per_token_with_the_same_results(products)
         assert any(is_library(name) for name in decode.sources)
     assert decode._replayable
     rng = np.random.default_rng(2)
-    zeros = [np.zeros(tuple(d.value for d in n.shape), n.dtype.np) for n in lm.decode.inputs[2:]]
+    zeros = [np.zeros(tuple(d.value for d in n.shape), n.dtype.np) for n in lm.decode.inputs[CACHES_START:]]
     replayed, launched = [backend.input(z) for z in zeros], [backend.input(z) for z in zeros]
-    for pos in range(6):
+    for pos in range(6):       # the window (a symbol) grows with pos: one recording serves all
         token = np.array([[rng.integers(0, 64)]])
-        got = decode(token, np.array(pos), *replayed)[0]
-        want = decode._run([backend.input(token), backend.input(np.array(pos)), *launched], copy=True)[0]
+        got = decode(*decode_args(lm.decode, token, pos, replayed))[0]
+        host = decode_args(lm.decode, token, pos, [])
+        want = decode._run([*(backend.input(a) for a in host), *launched], copy=True)[0]
         assert np.array_equal(backend.cp.asnumpy(got), backend.cp.asnumpy(want))
     assert decode._recording is not None
     for a, b in zip(replayed, launched):   # the cache was written in place by the replays
@@ -241,11 +245,13 @@ def test_every_configuration_of_every_decode_kernel_equals_the_interpreter():
     graph, backend = lm.decode, CudaBackend()
     program = schedule(graph, POLICIES["inline12-bcast1-epilogue"])
     rng = np.random.default_rng(3)
-    args = [np.array([[7]]), np.array(11)] + [
-        (rng.standard_normal(tuple(d.value for d in n.shape)) * 0.5).astype(n.dtype.np) for n in graph.inputs[2:]]
+    args = decode_args(graph, np.array([[7]]), 11, [
+        (rng.standard_normal(tuple(d.value for d in n.shape)) * 0.5).astype(n.dtype.np)
+        for n in graph.inputs[CACHES_START:]])
     feeds = {**dict(zip(graph.inputs, args)), **{n: graph.weights[n.attrs["name"]] for n in graph.weight_nodes()}}
     names = [k.output.name for k in program.kernels]
-    want = dict(zip(names, evaluate([program.nodes[n] for n in names], feeds, {})))
+    env = graph.bind_symbols([np.shape(a) for a in args], [np.asarray(a).dtype for a in args])
+    want = dict(zip(names, evaluate([program.nodes[n] for n in names], feeds, env)))
     rtol = tolerance([np.dtype(DType.BF16.np)])
     spaces = [config_space(k) for k in program.kernels]
     checked = set()

@@ -14,6 +14,7 @@ from kiln.codegen.schedule import FusionPolicy, schedule
 from kiln.frontend.hf import lower_causal_lm
 from kiln.ir import DType, Graph, KilnError, Op
 from kiln.ir.build import elementwise, permute
+from kiln.ir.decode import CACHES_START, decode_args
 from kiln.ir.symbolic import sym
 from kiln.runtime.compiled import CompiledGraph
 from kiln.runtime.cpu import CpuBackend
@@ -76,13 +77,13 @@ def test_decode_updates_the_kv_cache_in_place_as_the_kernel_by_kernel_path_does(
     assert program.aliases, "decode writes its caches in place"
     deployed, plain = both_ways(graph, program, [KernelConfig()] * len(program.kernels))
     rng = np.random.default_rng(2)
-    shapes = [tuple(d.value for d in n.shape) for n in graph.inputs[2:]]
+    shapes = [tuple(d.value for d in n.shape) for n in graph.inputs[CACHES_START:]]
     caches = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     theirs = [c.copy() for c in caches]
     for pos in (0, 1, 7, 23):
         token = rng.integers(0, 64, (1, 1))
-        got = deployed(token, np.array(pos), *caches)
-        want = plain(token, np.array(pos), *theirs)
+        got = deployed(*decode_args(graph, token, pos, caches))
+        want = plain(*decode_args(graph, token, pos, theirs))
         np.testing.assert_array_equal(got[0], want[0])
         assert all(g is c for g, c in zip(got[1:], caches)), "the caller's caches, written through"
         for mine, other in zip(caches, theirs):
@@ -100,8 +101,8 @@ def test_runner_sources_travel_in_the_artifact_and_are_checked_on_load(tiny_lm, 
         assert (tmp_path / "a" / "kernels" / f"{name}.c").read_text() == source
     loaded = CompiledModel.load(tmp_path / "a").graphs["forward"]
     assert {n for n in loaded.sources if is_runner(n)} == set(runners)
-    args = [np.array([[5]]), np.array(3),
-            *(np.zeros(tuple(d.value for d in n.shape), np.float32) for n in tiny_lm.decode.inputs[2:])]
+    args = decode_args(tiny_lm.decode, np.array([[5]]), 3, [
+        np.zeros(tuple(d.value for d in n.shape), np.float32) for n in tiny_lm.decode.inputs[CACHES_START:]])
     np.testing.assert_array_equal(loaded(*[np.copy(a) for a in args])[0], compiled(*args)[0])
     name = sorted(runners)[0]
     (tmp_path / "a" / "kernels" / f"{name}.c").write_text(runners[name] + "/* edited */\n")
@@ -113,9 +114,9 @@ def test_a_bf16_decode_through_the_runner_equals_the_kernel_by_kernel_path():
     lm = lower_causal_lm(tiny_llama(1, seed=4).to(dtype=__import__("torch").bfloat16), 16)
     program = schedule(lm.decode)
     deployed, plain = both_ways(lm.decode, program, [KernelConfig(parallel=0)] * len(program.kernels))
-    caches = [np.zeros(tuple(d.value for d in n.shape), n.dtype.np) for n in lm.decode.inputs[2:]]
+    caches = [np.zeros(tuple(d.value for d in n.shape), n.dtype.np) for n in lm.decode.inputs[CACHES_START:]]
     theirs = [c.copy() for c in caches]
-    got = deployed(np.array([[9]]), np.array(4), *caches)[0]
-    want = plain(np.array([[9]]), np.array(4), *theirs)[0]
+    got = deployed(*decode_args(lm.decode, np.array([[9]]), 4, caches))[0]
+    want = plain(*decode_args(lm.decode, np.array([[9]]), 4, theirs))[0]
     assert got.dtype == DType.BF16.np
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))

@@ -6,9 +6,12 @@ graph is tested on the GPU (tests/test_cuda.py)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kiln.frontend.hf import lower_causal_lm
-from kiln.runtime.compiled import CompiledGraph
+from kiln.ir import ShapeError
+from kiln.ir.decode import CACHES_START, WINDOW, decode_args
+from kiln.runtime.compiled import CompiledGraph, replays
 from kiln.runtime.cpu import CpuBackend
 from tests.helpers import tiny_llama
 
@@ -79,15 +82,15 @@ def test_decode_replays_a_record_and_matches_a_plain_run():
     plain = CompiledGraph.untuned(lm.decode, CpuBackend())
     assert replaying._replayable and not plain._replayable
     backend = replaying.backend
-    zeros = [np.zeros(tuple(d.value for d in n.shape), n.dtype.np) for n in lm.decode.inputs[2:]]
+    zeros = [np.zeros(tuple(d.value for d in n.shape), n.dtype.np) for n in lm.decode.inputs[CACHES_START:]]
     rng = np.random.default_rng(0)
     for caches_round in range(2):     # a new KV cache (a new prompt) is recorded again
         device_caches = [backend.input(z) for z in zeros]
         host_caches = [z.copy() for z in zeros]
-        for pos in range(5):
+        for pos in range(5):          # the window grows with pos; the recording stays
             token = np.array([[rng.integers(0, 64)]])
-            got, *kept = replaying(token, np.array(pos), *device_caches)
-            want, *host_caches = plain(token, np.array(pos), *host_caches)
+            got, *kept = replaying(*decode_args(lm.decode, token, pos, device_caches))
+            want, *host_caches = plain(*decode_args(lm.decode, token, pos, host_caches))
             np.testing.assert_array_equal(np.asarray(got), want)
             assert all(k is c for k, c in zip(kept, device_caches)), "the cache is updated in place"
             for d, h in zip(device_caches, host_caches):
@@ -99,16 +102,31 @@ def test_replayed_outputs_are_the_callers_to_keep():
     lm = lower_causal_lm(tiny_llama(1, seed=6), 16)
     decode = CompiledGraph.untuned(lm.decode, RecordingCpuBackend())
     caches = [decode.backend.input(np.zeros(tuple(d.value for d in n.shape), n.dtype.np))
-              for n in lm.decode.inputs[2:]]
-    first = decode(np.array([[3]]), np.array(0), *caches)[0]
+              for n in lm.decode.inputs[CACHES_START:]]
+    first = decode(*decode_args(lm.decode, np.array([[3]]), 0, caches))[0]
     kept = np.array(first)
-    decode(np.array([[9]]), np.array(1), *caches)
+    decode(*decode_args(lm.decode, np.array([[9]]), 1, caches))
     np.testing.assert_array_equal(np.asarray(first), kept)   # not overwritten by the next replay
 
 
+def test_a_replayed_step_still_refuses_a_window_past_the_cache():
+    """A replay skips the full input check the recording made; a symbol out of range still fails."""
+    lm = lower_causal_lm(tiny_llama(1, seed=6), 16)
+    decode = CompiledGraph.untuned(lm.decode, RecordingCpuBackend())
+    caches = [decode.backend.input(np.zeros(tuple(d.value for d in n.shape), n.dtype.np))
+              for n in lm.decode.inputs[CACHES_START:]]
+    decode(*decode_args(lm.decode, np.array([[3]]), 0, caches))
+    args = decode_args(lm.decode, np.array([[3]]), 1, caches)
+    args[[n.attrs["name"] for n in lm.decode.inputs].index(WINDOW)] = np.zeros(17, np.bool_)
+    with pytest.raises(ShapeError, match="window's range 2..16"):
+        decode(*args)
+    assert decode.backend.captures == 1
+
+
 def test_finalists_are_timed_as_the_user_runs_them(tmp_path):
-    """A region of fixed sizes (decode's) is timed end to end as the replay of one recording, the
-    launch mode decode runs in; one with a symbolic size (prefill's) by its launches."""
+    """A region of decode (whose outputs have fixed sizes; its attention reads a window of
+    symbolic length) is timed end to end as the replay of one recording, the launch mode decode
+    runs in; a region of prefill (outputs that grow with the prompt) by its launches."""
     from kiln.ir import evaluate
     from kiln.runtime.measure import Measurer, Region
     from kiln.search import regions
@@ -116,11 +134,11 @@ def test_finalists_are_timed_as_the_user_runs_them(tmp_path):
     from tests.test_worker import VARIANT
     lm = lower_causal_lm(tiny_llama(1, seed=7), 16)
     rng = np.random.default_rng(1)
-    calls = {"decode": [np.array([[3]]), np.array(2)] + [
+    calls = {"decode": decode_args(lm.decode, np.array([[3]]), 2, [
                  rng.standard_normal(tuple(d.value for d in n.shape)).astype(n.dtype.np)
-                 for n in lm.decode.inputs[2:]],
+                 for n in lm.decode.inputs[CACHES_START:]]),
              "prefill": [rng.integers(0, 64, (1, 5))]}
-    for which, replays in (("decode", 1), ("prefill", 0)):
+    for which, captures in (("decode", 1), ("prefill", 0)):
         graph = getattr(lm, which)
         layer = next(r for r in regions.split(graph) if r.label == "layer 0")
         (feeds,), env = regions.sample_inflows(graph, [layer], calls[which])
@@ -131,6 +149,7 @@ def test_finalists_are_timed_as_the_user_runs_them(tmp_path):
                                            if i.attrs["role"] == "weight"}}, env)
         backend = RecordingCpuBackend()
         measurer = Measurer(backend, TuneDB(tmp_path / f"{which}.sqlite"), "test",
-                            Region(program.inputs, program.weights, dict(graph.symbols), args, want))
+                            Region(program.inputs, program.weights, dict(graph.symbols), args, want,
+                                   sizes=env, recorded=replays(graph)))
         assert measurer.end_to_end(layer.outputs, VARIANT) > 0
-        assert backend.captures == replays
+        assert backend.captures == captures

@@ -15,6 +15,7 @@ from torch.export import Dim
 import kiln
 from kiln.frontend import hf
 from kiln.ir import DType, Graph, KilnError, Node, Op, run, sym
+from kiln.ir.decode import decode_args
 from kiln.ir.ops import IOTA_INDEX
 from kiln.ir.serialize import GRAPH_FORMAT, _decode, _encode, graph_from_json, graph_to_json
 from kiln.runtime.artifact import ARTIFACT_FORMAT, read_artifact, write_artifact
@@ -61,7 +62,7 @@ def test_llama_decode_round_trips(lowered_lm):
     rng = np.random.default_rng(1)
     caches = [rng.normal(size=lowered_lm.cache.shape).astype(np.float32)
               for _ in range(2 * lowered_lm.cache.layers)]
-    assert_same_results(rebuilt, graph, [np.array([[5]]), np.array(3), *caches])
+    assert_same_results(rebuilt, graph, decode_args(graph, np.array([[5]]), 3, caches))
 
 
 class StridedConcat(torch.nn.Module):
