@@ -125,10 +125,11 @@ def evaluate(outputs: list[Node], feeds: Mapping[Node, np.ndarray],
     return [values[id(o)] for o in outputs]
 
 
-def run(graph: Graph, args: list[np.ndarray]) -> list[np.ndarray]:
-    """Run a graph on call arguments (numpy arrays, in the graph's input order)."""
+def run(graph: Graph, args: list[np.ndarray], sizes: Mapping[str, int] | None = None) -> list[np.ndarray]:
+    """Run a graph on call arguments (numpy arrays, in the graph's input order); `sizes`: values
+    of symbols no input's shape gives (a region of a graph: a decode layer's window)."""
     args = [np.asarray(a) for a in args]
-    env = graph.bind_symbols([a.shape for a in args], [a.dtype for a in args])
+    env = {**(sizes or {}), **graph.bind_symbols([a.shape for a in args], [a.dtype for a in args])}
     feeds: dict[Node, np.ndarray] = dict(zip(graph.inputs, args))
     for node in graph.weight_nodes():
         feeds[node] = graph.weights[node.attrs["name"]]

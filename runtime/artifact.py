@@ -4,10 +4,13 @@ new one, never half of either.
 
 Layout: the caller's files, `weights.safetensors` (the tensors, bf16 included: safetensors
 stores BF16 natively and reads it back as ml_dtypes.bfloat16) and `manifest.json`, written last,
-carrying the "format" that `read_artifact` checks.
+carrying the "format" that `read_artifact` checks, the SHA-256 of every other file ("files") and
+its own ("sha256", over the manifest without that key): an artifact altered after it was written
+(a flipped byte in the weights, an edited max_seq) is refused on load, naming the file.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -21,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 
 from ..ir.errors import KilnError
 
-ARTIFACT_FORMAT = 2
+ARTIFACT_FORMAT = 3
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 
@@ -39,14 +42,17 @@ def write_artifact(folder: Path, files: dict[str, bytes | str],
     except OSError as err:
         raise KilnError(f"kiln: cannot write {folder}: {_reason(err)}") from err
     try:
+        digests = {}
         for name, content in files.items():
             if name != MANIFEST:
                 _write(staging / _relative(name), content)
+                digests[name] = hashlib.sha256(content.encode() if isinstance(content, str) else content).hexdigest()
         # a non-contiguous array would be written from its raw buffer, in memory order
         safetensors.numpy.save_file({k: np.asarray(v, order="C") for k, v in (tensors or {}).items()},
                                     staging / WEIGHTS)
         _fsync(staging / WEIGHTS)
-        _write(staging / MANIFEST, json.dumps(manifest, indent=1))
+        digests[WEIGHTS] = _file_digest(staging / WEIGHTS)
+        _write(staging / MANIFEST, json.dumps(signed({**manifest, "files": digests}), indent=1))
         for subfolder, _, _ in os.walk(staging):  # their entries, so the files survive a crash
             _fsync(Path(subfolder))
         _move_into_place(staging, folder)
@@ -85,6 +91,7 @@ def read_artifact(folder: Path) -> tuple[dict, Callable[[str], bytes], dict[str,
     if manifest["format"] != ARTIFACT_FORMAT:
         raise KilnError(f"kiln: the artifact {folder} has format {manifest['format']!r}, this Kiln "
                         f"reads format {ARTIFACT_FORMAT}; compile the model again")
+    _verify(folder, manifest)
     try:
         # BF16 reads back as ml_dtypes.bfloat16, which kiln.ir.dtypes registers with numpy
         with safe_open(folder / WEIGHTS, framework="np") as weights:
@@ -100,6 +107,35 @@ def read_artifact(folder: Path) -> tuple[dict, Callable[[str], bytes], dict[str,
                             f"{_reason(err)}") from err
 
     return manifest, open_file, tensors
+
+
+def signed(manifest: dict) -> dict:
+    """The manifest with its own digest ("sha256", over its canonical JSON without that key)."""
+    body = {k: v for k, v in manifest.items() if k != "sha256"}
+    return {**body, "sha256": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()}
+
+
+def _verify(folder: Path, manifest: dict) -> None:
+    """Refuse an artifact whose manifest or any listed file changed since it was written."""
+    def altered(name: str, why: str) -> KilnError:
+        return KilnError(f"kiln: the artifact {folder} was altered after it was written: {name} "
+                         f"{why}; compile the model again")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or signed(manifest).get("sha256") != manifest.get("sha256"):
+        raise altered(MANIFEST, "does not match its own checksum")
+    for name, digest in files.items():
+        path = folder / (WEIGHTS if name == WEIGHTS else _relative(name))
+        try:
+            actual = _file_digest(path)
+        except OSError as err:
+            raise altered(name, f"cannot be read ({_reason(err)})") from err
+        if actual != digest:
+            raise altered(name, "does not match the checksum in manifest.json")
+
+
+def _file_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _caller_manifest(files: dict[str, bytes | str]) -> dict:

@@ -9,11 +9,11 @@ from typing import Callable
 import numpy as np
 
 from ..codegen.kernel import KernelConfig
-from ..codegen.schedule import POLICIES, schedule
+from ..codegen.schedule import POLICIES, Program, schedule
 from ..ir import Graph, Node, ShapeError
 from ..ir.graph import is_weight
 from ..search import regions as regionlib
-from .executor import Executor
+from .executor import Executor, Scratch, plan_buffers
 
 
 @dataclass
@@ -49,14 +49,17 @@ class CompiledGraph:
         self.regions = regionlib.split(graph)
         self.executors = []
         self._symbol_buffers: dict = {}     # shared by every region: a replay writes each once
-        first: dict[str, Executor] = {}     # identical regions share a program and its kernels
-        for region in self.regions:
-            choice = choices[region.key]
-            sub = region_graph(graph, region, choice.outputs)
-            like = first.get(region.key)
-            program = like.program if like else schedule(sub, POLICIES[choice.variant])
-            executor = Executor(sub, program, choice.configs, backend, like=like, deployed=True,
-                                symbol_buffers=self._symbol_buffers)
+        subs = [region_graph(graph, region, choices[region.key].outputs) for region in self.regions]
+        programs: dict[str, Program] = {}   # identical regions share a program and its kernels
+        for region, sub in zip(self.regions, subs):
+            if region.key not in programs:
+                programs[region.key] = schedule(sub, POLICIES[choices[region.key].variant])
+        self.scratch = Scratch(backend, [plan_buffers(p) for p in programs.values()])
+        first: dict[str, Executor] = {}
+        for region, sub in zip(self.regions, subs):
+            choice, like = choices[region.key], first.get(region.key)
+            executor = Executor(sub, programs[region.key], choice.configs, backend, like=like, deployed=True,
+                                symbol_buffers=self._symbol_buffers, scratch=self.scratch)
             first.setdefault(region.key, executor)
             self.executors.append(executor)
         # asked once: a decode step is short, and the question walks every kernel (~80 us for 60
@@ -102,7 +105,7 @@ class CompiledGraph:
 
     @property
     def peak_bytes(self) -> int:
-        return sum(ex.plan.peak_bytes for ex in self.executors)
+        return sum(ex.plan.kept_bytes for ex in self.executors) + self.scratch.bytes
 
     def __call__(self, *args) -> list:
         """Outputs as the backend's arrays (numpy on the CPU); inputs numpy or the backend's.

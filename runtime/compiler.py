@@ -51,7 +51,7 @@ class GraphReport:
 
 
 def compile_graph(graph: Graph, backend, args: list[np.ndarray], seconds: float, db: TuneDB,
-                  fingerprint: str, compile_id: str | None = None, seed: int = 0,
+                  fingerprint: str, *, compile_id: str | None = None, seed: int = 0,
                   max_candidates: int = 100_000, isolate: bool = True,
                   on_progress: Callable[[Progress, float], None] = lambda p, left: None,
                   ) -> tuple[CompiledGraph, GraphReport]:

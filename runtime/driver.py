@@ -104,8 +104,9 @@ def _search(graphs: dict[str, tuple[Graph, list[np.ndarray], float]], backend_na
     with TuneDB(db_path or TuneDB.default_path()) as db, _progress(show) as update:
         for name, (graph, args, seconds) in graphs.items():
             compiled[name], report = compile_graph(
-                graph, backend, args, seconds, db, tuning_key, f"{compile_id}:{name}",
-                seed, max_candidates, lambda p, left, name=name: update(name, p, left))
+                graph, backend, args, seconds, db, tuning_key, compile_id=f"{compile_id}:{name}",
+                seed=seed, max_candidates=max_candidates,
+                on_progress=lambda p, left, name=name: update(name, p, left))
             reports[name] = _report_json(report, compiled[name])
             reports[name]["compile_id"] = f"{compile_id}:{name}"
         bandwidth, db_path = backend.copy_bandwidth(), str(db.path)

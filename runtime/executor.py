@@ -16,13 +16,50 @@ from ..ir.graph import Graph
 
 @dataclass
 class BufferPlan:
-    """Temporaries mapped to slots of one arena; sizes are bytes at the symbols' largest values."""
+    """Temporaries mapped to slots of one arena; sizes are bytes at the symbols' largest values.
+    `kept`: the slots holding an output, which the program's caller reads after it ran."""
     slot_of: dict[str, int]
     slot_bytes: list[int]
+    kept: frozenset[int] = frozenset()
 
     @property
     def peak_bytes(self) -> int:
         return sum(self.slot_bytes)
+
+    @property
+    def kept_bytes(self) -> int:
+        return sum(self.slot_bytes[s] for s in self.kept)
+
+    @property
+    def scratch_bytes(self) -> list[int]:
+        """The sizes of the other slots, in order: memory free again once the program ran."""
+        return [n for s, n in enumerate(self.slot_bytes) if s not in self.kept]
+
+
+class Scratch:
+    """Memory the regions of one compiled graph share for their temporaries. Regions run one
+    after another, and what one leaves for the next (its outputs) is kept apart, so the graph
+    needs its largest region's temporaries rather than their sum: Llama-3.2-1B's prefill at
+    4,096 tokens holds 2 GiB score matrices in each of its 16 layers, and with an arena per
+    region did not fit the 141 GB of an H200."""
+
+    def __init__(self, backend, plans: list[BufferPlan]):
+        self.buffers = [backend.allocate(n) for n in self.sizes(plans)]
+
+    @staticmethod
+    def sizes(plans: list[BufferPlan]) -> list[int]:
+        """Buffer j holds every plan's j-th scratch slot: the largest of them."""
+        sizes: list[int] = []
+        for plan in plans:
+            for j, n in enumerate(plan.scratch_bytes):
+                if j == len(sizes):
+                    sizes.append(n)
+                sizes[j] = max(sizes[j], n)
+        return sizes
+
+    @property
+    def bytes(self) -> int:
+        return sum(int(b.nbytes) for b in self.buffers)
 
 
 def plan_buffers(program: Program, reuse: bool = True) -> BufferPlan:
@@ -55,7 +92,8 @@ def plan_buffers(program: Program, reuse: bool = True) -> BufferPlan:
             slot_free_at.append(0)
         slot_of[name] = slot
         slot_free_at[slot] = last_use.get(name, start)
-    return BufferPlan(slot_of, slot_bytes)
+    kept = frozenset(slot_of[name] for name in program.outputs if name in slot_of)
+    return BufferPlan(slot_of, slot_bytes, kept)
 
 
 class Executor:
@@ -69,7 +107,7 @@ class Executor:
                  weights: dict[str, np.ndarray] | None = None, reuse: bool = True,
                  like: Executor | None = None, deployed: bool = False,
                  symbol_buffers: dict[tuple[str, ...], object] | None = None,
-                 sizes: dict[str, int] | None = None):
+                 sizes: dict[str, int] | None = None, scratch: Scratch | None = None):
         """`like`: an executor of the same program (an identical layer) whose compiled kernels
         this one shares; only the weights differ. `deployed`: a call runs the kernels as the
         backend deploys them, where it has a mode of its own (the CPU: one C call per region,
@@ -77,7 +115,9 @@ class Executor:
         `symbol_buffers`: the buffers kernels read their symbols from, one per tuple of symbols,
         shared with the other regions of a compiled graph (a recorded step writes each once).
         `sizes`: values of symbols a call's input shapes do not give (a region measured alone:
-        a decode layer's window comes from the graph's input, not the layer's)."""
+        a decode layer's window comes from the graph's input, not the layer's). `scratch`: the
+        memory for temporaries this executor shares with the other regions of a compiled graph
+        (sized from this program's plan among theirs); its outputs get memory of their own."""
         self.graph, self.program, self.backend = graph, program, backend
         self.configs, self.sizes = list(configs), dict(sizes or {})
         if like is not None:
@@ -87,7 +127,9 @@ class Executor:
             functions = backend.compile(dict(self.sources))
             self.functions = [functions[name] for name, _ in self.sources]
         self.plan = plan_buffers(program, reuse)
-        arena = [backend.allocate(n) for n in self.plan.slot_bytes]
+        shared = iter(scratch.buffers if scratch is not None else ())
+        arena = [backend.allocate(n) if scratch is None or s in self.plan.kept else next(shared)
+                 for s, n in enumerate(self.plan.slot_bytes)]
         weights = graph.weights if weights is None else weights
         self.arrays = {}
         for name, b in program.buffers.items():

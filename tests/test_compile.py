@@ -149,11 +149,19 @@ def test_bad_generation_input_is_refused(tiny):
         compiled.graphs["prefill"](np.zeros((2, 3), dtype=np.int64))
 
 
-def _tamper(src: Path, dst: Path, name: str, edit) -> Path:
+def _tamper(src: Path, dst: Path, name: str, edit, resign: bool = False) -> Path:
+    """A copy of the artifact with one file edited; `resign` records the edit in the manifest's
+    checksums, as a consistent artifact written elsewhere (another machine, another Kiln) has."""
+    import hashlib
     import shutil
+    from kiln.runtime.artifact import signed
     shutil.copytree(src, dst)
     path = dst / name
     path.write_text(edit(path.read_text()))
+    if resign:
+        manifest = json.loads((dst / "manifest.json").read_text())
+        manifest["files"] = {f: hashlib.sha256((dst / f).read_bytes()).hexdigest() for f in manifest["files"]}
+        (dst / "manifest.json").write_text(json.dumps(signed(manifest)))
     return dst
 
 
@@ -163,20 +171,46 @@ def test_corrupted_or_foreign_artifacts_are_refused(tiny, tmp_path):
     with pytest.raises(KilnError, match="not a Kiln artifact"):
         kiln.load(tmp_path)
     kernel = next((art / "kernels").glob("*.c")).name
-    bad = _tamper(art, tmp_path / "k", f"kernels/{kernel}", lambda s: s.replace("+", "-", 1))
+    bad = _tamper(art, tmp_path / "k", f"kernels/{kernel}", lambda s: s.replace("+", "-", 1), resign=True)
     with pytest.raises(KilnError, match="differs from what this Kiln renders"):
         kiln.load(bad)
     foreign = _tamper(art, tmp_path / "f", "manifest.json",
-                      lambda s: s.replace('"cpu": "', '"cpu": "Imaginary CPU 9000 ', 1))
+                      lambda s: s.replace('"cpu": "', '"cpu": "Imaginary CPU 9000 ', 1), resign=True)
     with pytest.raises(KilnError, match="other hardware"):
         kiln.load(foreign)
     old = _tamper(art, tmp_path / "v", "manifest.json",
-                  lambda s: s.replace(f'"kiln_version": "{kiln.__version__}"', '"kiln_version": "0.0.1"'))
+                  lambda s: s.replace(f'"kiln_version": "{kiln.__version__}"', '"kiln_version": "0.0.1"'),
+                  resign=True)
     with pytest.raises(KilnError, match="compiled by Kiln 0.0.1"):
         kiln.load(old)
-    broken = _tamper(art, tmp_path / "g", "graphs/decode.json", lambda s: s[: len(s) // 2])
+    broken = _tamper(art, tmp_path / "g", "graphs/decode.json", lambda s: s[: len(s) // 2], resign=True)
     with pytest.raises(KilnError, match="corrupted"):
         kiln.load(broken)
+
+
+def test_an_artifact_altered_after_it_was_written_is_refused(tiny, tmp_path):
+    """Every kind of file carries a checksum in the manifest, and the manifest its own: a flipped
+    byte or an edited value is refused in one line that names the file (kiln info too)."""
+    import shutil
+    _, _, root = tiny
+    art = root / "artifact"
+    kernel = f"kernels/{next((art / 'kernels').glob('*.c')).name}"
+    for k, name in enumerate(["weights.safetensors", "graphs/decode.json", kernel, "report.json",
+                              "manifest.json"]):
+        copy = tmp_path / f"a{k}"
+        shutil.copytree(art, copy)
+        data = bytearray((copy / name).read_bytes())
+        if name == "manifest.json":        # an edited value, the file still valid JSON
+            data = bytearray(bytes(data).replace(b'"max_seq": 48', b'"max_seq": 4800', 1))
+            assert bytes(data) != (art / name).read_bytes()
+        else:
+            data[len(data) // 2] ^= 0x01
+        (copy / name).write_bytes(bytes(data))
+        with pytest.raises(KilnError, match=f"altered after it was written: {name} "):
+            kiln.load(copy)
+        info = _cli("info", str(copy))
+        _, err = info.communicate(timeout=120)
+        assert info.returncode != 0 and err.count("\n") == 1 and name in err
 
 
 def test_compile_a_plain_module_with_a_dynamic_dim():
@@ -196,6 +230,16 @@ def test_compile_a_plain_module_with_a_dynamic_dim():
     for rows in (2, 9, 16):
         fresh = torch.randn(rows, 12)
         assert agrees(compiled(fresh).numpy(), block(fresh).detach().numpy())
+
+
+def test_a_compile_reports_its_progress(capsys):
+    """The progress display gets every region's search (it once got none: the callback was
+    passed by position into another parameter)."""
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(12, 20), torch.nn.ReLU()).eval()
+    kiln.compile(block, (torch.randn(5, 12),), budget="3s", progress=True)
+    shown = capsys.readouterr().out
+    assert "forward: " in shown and "tried " in shown and "best " in shown
 
 
 def _cli(*args, env=None, **kw):

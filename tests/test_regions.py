@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from kiln.ir import DType, Graph, Node, Op, build, evaluate, run
+from kiln.ir.decode import decode_args
 from kiln.ir.symbolic import shape_of
 from kiln.rewrites.registry import library
 from kiln.search import extract, regions
@@ -25,7 +26,7 @@ def call_args(lm, which: str) -> list[np.ndarray]:
     if which == "prefill":
         return [rng.integers(0, 64, (1, 6))]
     caches = [rng.standard_normal(lm.cache.shape).astype(np.float32) for _ in range(2 * lm.cache.layers)]
-    return [np.array([[5]]), np.array(4), *caches]
+    return decode_args(lm.decode, np.array([[5]]), 4, caches)
 
 
 @pytest.mark.parametrize("which", ["prefill", "decode"])
@@ -55,7 +56,7 @@ def test_each_region_program_computes_what_it_stands_for(llama_three_layers, whi
         want = evaluate(region.produces, leaves, env)
         assert all(np.array_equal(g, w) for g, w in zip(got, want)), region.label
         program = region.program(graph)
-        got = run(program, [feeds[i] for i in program.inputs])
+        got = run(program, [feeds[i] for i in program.inputs], env)
         assert all(np.array_equal(g, w) for g, w in zip(got, want)), region.label
 
 

@@ -178,7 +178,9 @@ def test_artifact_round_trips(tmp_path):
     write_artifact(folder, {"manifest.json": json.dumps({"model": "tiny"}), "graph.json": "{}",
                             "kernels/k0.c": b"\x00int k;"}, TENSORS)
     manifest, open_file, tensors = read_artifact(folder)
-    assert manifest == {"model": "tiny", "format": ARTIFACT_FORMAT}
+    assert {k: v for k, v in manifest.items() if k not in ("files", "sha256")} == \
+        {"model": "tiny", "format": ARTIFACT_FORMAT}
+    assert set(manifest["files"]) == {"graph.json", "kernels/k0.c", "weights.safetensors"}
     assert open_file("graph.json") == b"{}" and open_file("kernels/k0.c") == b"\x00int k;"
     assert_tensors_equal(tensors, TENSORS)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
@@ -187,7 +189,8 @@ def test_artifact_round_trips(tmp_path):
 def test_artifact_without_manifest_or_tensors(tmp_path):
     write_artifact(tmp_path / "out", {}, None)
     manifest, _, tensors = read_artifact(tmp_path / "out")
-    assert manifest == {"format": ARTIFACT_FORMAT} and tensors == {}
+    assert manifest["format"] == ARTIFACT_FORMAT and list(manifest["files"]) == ["weights.safetensors"]
+    assert tensors == {}
 
 
 def test_graph_travels_in_an_artifact(tmp_path, lowered_lm):
@@ -275,8 +278,12 @@ def artifact(tmp_path):
     (lambda f: (f / "manifest.json").write_text("{not json"), "is corrupted: manifest.json"),
     (lambda f: (f / "manifest.json").write_text("[1]"), "is corrupted: manifest.json has no format"),
     (lambda f: (f / "manifest.json").write_text('{"format": 99}'), "has format 99, this Kiln reads"),
-    (lambda f: (f / "weights.safetensors").unlink(), "is corrupted: weights.safetensors"),
-    (lambda f: (f / "weights.safetensors").write_bytes(b"\x08" + bytes(20)), "is corrupted: weights"),
+    (lambda f: (f / "weights.safetensors").unlink(), "altered after it was written: weights.safetensors cannot"),
+    (lambda f: (f / "weights.safetensors").write_bytes(b"\x08" + bytes(20)),
+     "altered after it was written: weights.safetensors does not match"),
+    (lambda f: (f / "a.txt").write_text("b"), "altered after it was written: a.txt does not match"),
+    (lambda f: (f / "manifest.json").write_text((f / "manifest.json").read_text().replace('"m"', '"n"')),
+     "altered after it was written: manifest.json does not match its own checksum"),
 ])
 def test_damaged_artifacts_are_refused(artifact, damage, words):
     read_artifact(artifact)  # whole before the damage
