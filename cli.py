@@ -334,9 +334,12 @@ def compile(model: str, out: str, backend: str, budget: str, max_seq: int, dtype
     """
     import torch
     from .frontend import catalog, hf
+    from pathlib import Path
+    from .runtime.artifact import check_writable
     from .runtime.driver import compile_lm
     from .search.budget import parse_budget
     seconds = parse_budget(budget)
+    check_writable(Path(out))          # before minutes of loading and lowering, not after
     if lowered_path and not os.path.exists(lowered_path + ".json"):
         raise KilnError(f"kiln: no {lowered_path}.json; write it with 'kiln lower MODEL --out {lowered_path}'")
     loaded = catalog.load(model)

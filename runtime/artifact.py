@@ -70,8 +70,11 @@ def check_writable(folder: Path) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise KilnError(f"kiln: cannot write {folder}: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise KilnError(f"kiln: cannot write {folder}: {existing} is not writable")
+    try:      # a probe, not os.access: root passes that check where no file can be made (/proc)
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".kiln-probe-"):
+            pass
+    except OSError as err:
+        raise KilnError(f"kiln: cannot write {folder}: {existing}: {_reason(err)}") from err
     _check_target(folder)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -258,6 +259,14 @@ def test_read_only_parent_names_the_folder(tmp_path):
     parent.mkdir(mode=0o555)
     with pytest.raises(KilnError, match=f"cannot write {parent / 'out'}"):
         write_artifact(parent / "out", {}, None)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_folder_no_file_can_be_made_in_is_refused_before_the_work():
+    """os.access says yes to root everywhere; a file made and removed tells the truth."""
+    from kiln.runtime.artifact import check_writable
+    with pytest.raises(KilnError, match="cannot write /proc/forbidden"):
+        check_writable(Path("/proc/forbidden"))
 
 
 @pytest.mark.parametrize("name", ["../escape", "/etc/passwd", "weights.safetensors"])
