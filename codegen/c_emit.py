@@ -8,7 +8,7 @@ from ..ir.dtypes import DType, accumulator
 from ..ir.ops import ELEMENTWISE, Op
 from ..ir.symbolic import Call, Expr
 from .kernel import (Apply, Bind, Const, InRange, IndexValue, Kernel, KernelConfig, Load, Reduce,
-                     Scalar)
+                     Scalar, free_vars)
 
 # storage types; f16/bf16 are stored as their bits and computed in float
 STORAGE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DType.I32: "int32_t",
@@ -153,26 +153,6 @@ def store_code(value: str, dtype: DType) -> str:
     return value
 
 
-def free_vars(s: Scalar, memo: dict) -> frozenset[str]:
-    """Names a scalar's value depends on (loop, reduce and bind variables, graph symbols)."""
-    if s in memo:
-        return memo[s]
-    if isinstance(s, Load):
-        out = frozenset(s.index.symbols())
-    elif isinstance(s, IndexValue):
-        out = frozenset(s.expr.symbols())
-    elif isinstance(s, InRange):
-        out = frozenset(s.expr.symbols() | s.lo.symbols() | s.hi.symbols())
-    elif isinstance(s, Reduce):
-        out = (free_vars(s.body, memo) - {s.var}) | s.extent.symbols()
-    elif isinstance(s, Bind):
-        out = free_vars(s.value, memo) | (free_vars(s.body, memo) - {s.var})
-    else:
-        out = frozenset().union(*(free_vars(c, memo) for c in s.children()))
-    memo[s] = out
-    return out
-
-
 class _Body:
     """Statements per loop level; level 0 is before the loops, level k inside loop k."""
 
@@ -276,14 +256,14 @@ def emit_c(kernel: Kernel, config: KernelConfig, name: str) -> str:
     """One C function `void name(out, in..., const int64_t* sym)` for the kernel."""
     loops = ordered_loops(kernel, config)
     body = _CBody(loops, config)
-    value, _ = body.emit(kernel.value)
     n = len(loops)
-    store_level = body.level_of(kernel.store.symbols())
-    if store_level < n:
-        raise ValueError("a kernel's store must depend on its innermost loop")
-    body.blocks[n].append(f"{kernel.output.name}[{index_code(kernel.store)}] = "
-                          f"{store_code(value, kernel.output.dtype)};")
-    params = [f"{STORAGE[kernel.output.dtype]}* restrict {kernel.output.name}"]
+    for write in kernel.writes:
+        value, _ = body.emit(write.value)
+        if body.level_of(write.store.symbols()) < n:
+            raise ValueError("a kernel's store must depend on its innermost loop")
+        body.blocks[n].append(f"{write.output.name}[{index_code(write.store)}] = "
+                              f"{store_code(value, write.output.dtype)};")
+    params = [f"{STORAGE[b.dtype]}* restrict {b.name}" for b in kernel.outputs]
     params += [f"const {STORAGE[b.dtype]}* restrict {b.name}" for b in kernel.inputs]
     params.append("const int64_t* restrict kiln_sym")
     lines = [f"void {name}({', '.join(params)}) {{"]

@@ -53,7 +53,7 @@ def _call(call: Call, symbols: str) -> str:
     """`((void (*)(types))kiln_fn[i])(kiln_buf[a], ..., symbols);`: the pointer is cast back to
     the kernel's own type (emit_c's signature), so the call is well defined."""
     k = call.kernel
-    types = [f"{STORAGE[k.output.dtype]}*", *(f"const {STORAGE[b.dtype]}*" for b in k.inputs),
+    types = [*(f"{STORAGE[b.dtype]}*" for b in k.outputs), *(f"const {STORAGE[b.dtype]}*" for b in k.inputs),
              "const int64_t*"]
     args = [f"kiln_buf[{slot}]" for slot in call.buffers] + [symbols]
     return f"((void (*)({', '.join(types)}))kiln_fn[{call.function}])({', '.join(args)});"

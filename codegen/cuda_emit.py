@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from ..ir.dtypes import DType, accumulator
 from ..ir.ops import Op
 from ..ir.symbolic import Expr, sym
-from .c_emit import COMPUTE, LOWEST, SHARED_HELPERS, STORAGE, _Body, free_vars, index_code, store_code
+from .c_emit import COMPUTE, LOWEST, SHARED_HELPERS, STORAGE, _Body, index_code, store_code
 from .index import substitute
-from .kernel import Kernel, Load, Reduce, Scalar
+from .kernel import Kernel, Load, Reduce, Scalar, free_vars, split_reductions
 
 PRELUDE = r"""
 #ifdef __CUDACC_RTC__
@@ -112,24 +112,14 @@ class CudaConfig:
                           bool(data.get("across", False)))
 
 
-def top_reduce(kernel: Kernel) -> Reduce | None:
-    """The reduction a group of threads can share: one whose value depends on no reduction
-    variable of another (it sits at the output point's level)."""
-    found = []
-
-    def walk(s: Scalar, inside: bool) -> None:
-        if isinstance(s, Reduce):
-            if not inside:
-                found.append(s)
-            walk(s.body, True)
-            return
-        for c in s.children():
-            walk(c, inside)
-    walk(kernel.value, False)
-    return found[0] if len(found) == 1 else None
+def point_reductions(kernel: Kernel) -> list[Reduce]:
+    """The reductions a group of threads can share: those computed once per output point, whose
+    value reads no variable of a reduction around them (a GEMV, and the norm or softmax statistics
+    merged into it), outermost first."""
+    return split_reductions(*(w.value for w in kernel.writes))[0]
 
 
-def vector_width(kernel: Kernel, reduce: Reduce) -> int:
+def vector_width(reduce: Reduce) -> int:
     """The widest vector (8 or 4 elements) that every contiguous load of the reduction can read
     in one aligned access; 1 when none can."""
     loads = [l for l in _loads(reduce.body) if _stride(l.index, reduce.var) == 1]
@@ -142,10 +132,11 @@ def vector_width(kernel: Kernel, reduce: Reduce) -> int:
 
 
 def config_space(kernel: Kernel) -> list[CudaConfig]:
-    reduce = top_reduce(kernel)
-    if reduce is None:
+    shared = point_reductions(kernel)
+    if not shared:
         return [CudaConfig(256, 1, 1), CudaConfig(128, 1, 1), CudaConfig(512, 1, 1)]
-    width = vector_width(kernel, reduce)
+    reduce = shared[0]
+    width = vector_width(reduce)
     space = [CudaConfig(256, 32, width), CudaConfig(128, 128, width), CudaConfig(256, 256, width),
              CudaConfig(512, 512, width), CudaConfig(128, 32, width)]
     if width > 1:
@@ -193,7 +184,7 @@ class _CudaBody(_Body):
     def __init__(self, kernel: Kernel, config: CudaConfig):
         super().__init__([("kiln_point", Expr.of(1))], config)
         self.level.update({v: 1 for v, _ in kernel.loops})
-        self.cooperative = top_reduce(kernel) if config.group > 1 or config.vector > 1 else None
+        self.cooperative = set(point_reductions(kernel)) if config.group > 1 or config.vector > 1 else set()
         self.vectors: dict[Load, tuple[str, int]] = {}   # a load read as one lane of a vector
         self.shared: list[str] = []
 
@@ -206,7 +197,7 @@ class _CudaBody(_Body):
         return ["#pragma unroll 4"]
 
     def reduce(self, s: Reduce):
-        if s is not self.cooperative:
+        if s not in self.cooperative:
             return super().reduce(s)
         config = self.config
         level = self.level_of(free_vars(s, self.vars_memo))
@@ -216,7 +207,8 @@ class _CudaBody(_Body):
         outer, inner = [], []
         self.blocks[base_level], self.blocks[inner_level] = outer, inner
         self.level[s.var] = inner_level
-        width = config.vector
+        # each shared reduction reads vectors where its rows allow the config's width
+        width = config.vector if vector_width(s) >= config.vector else 1
         if width > 1:   # 16-byte loads of the contiguous rows, once per step
             for load in _loads(s.body):
                 if _stride(load.index, s.var) != 1:
@@ -305,19 +297,20 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
     A block takes `block / group` consecutive points per step of a loop every thread of the block
     runs alike (warp shuffles and block barriers need all of them), so threads past the last
     point compute the last point again and store nothing."""
-    if (config.group > 1 or config.vector > 1) and top_reduce(kernel) is None:
-        raise ValueError(f"config {config.key()} needs a kernel with one shared reduction")
+    if (config.group > 1 or config.vector > 1) and not point_reductions(kernel):
+        raise ValueError(f"config {config.key()} needs a kernel with a reduction per point")
     if config.across:
         if config.block % config.group or config.vector != 1:
             raise ValueError("an across group divides the block and reads no vectors")
     elif config.group not in (1, 2, 4, 8, 16, 32, config.block):
         raise ValueError("a group is a power of two up to a warp, or the whole block")
     body = _CudaBody(kernel, config)
-    value, _ = body.emit(kernel.value)
-    body.blocks[1].append(f"if (kiln_lane == 0 && kiln_slot < kiln_points) "
-                          f"{kernel.output.name}[{index_code(kernel.store)}] = "
-                          f"{store_code(value, kernel.output.dtype)};")
-    params = [f"{STORAGE[kernel.output.dtype]}* __restrict__ {kernel.output.name}"]
+    for write in kernel.writes:
+        value, _ = body.emit(write.value)
+        body.blocks[1].append(f"if (kiln_lane == 0 && kiln_slot < kiln_points) "
+                              f"{write.output.name}[{index_code(write.store)}] = "
+                              f"{store_code(value, write.output.dtype)};")
+    params = [f"{STORAGE[b.dtype]}* __restrict__ {b.name}" for b in kernel.outputs]
     params += [f"const {STORAGE[b.dtype]}* __restrict__ {b.name}" for b in kernel.inputs]
     params.append("const int64_t* __restrict__ kiln_sym")
     group, per_block = config.group, config.points_per_block

@@ -109,6 +109,52 @@ class Bind(Scalar):
         return (self.value, self.body)
 
 
+def free_vars(s: Scalar, memo: dict) -> frozenset[str]:
+    """Names a scalar's value depends on (loop, reduce and bind variables, graph symbols)."""
+    if s in memo:
+        return memo[s]
+    if isinstance(s, Load):
+        out = frozenset(s.index.symbols())
+    elif isinstance(s, IndexValue):
+        out = frozenset(s.expr.symbols())
+    elif isinstance(s, InRange):
+        out = frozenset(s.expr.symbols() | s.lo.symbols() | s.hi.symbols())
+    elif isinstance(s, Reduce):
+        out = (free_vars(s.body, memo) - {s.var}) | s.extent.symbols()
+    elif isinstance(s, Bind):
+        out = free_vars(s.value, memo) | (free_vars(s.body, memo) - {s.var})
+    else:
+        out = frozenset().union(*(free_vars(c, memo) for c in s.children()))
+    memo[s] = out
+    return out
+
+
+def split_reductions(*values: Scalar) -> tuple[list[Reduce], list[Reduce]]:
+    """Values' reductions as (computed once per output point, computed once per step of the loop
+    of a reduction around them): the second kind repeats its whole loop at every step."""
+    memo: dict = {}
+    once: dict[Reduce, None] = {}
+    repeated: dict[Reduce, None] = {}
+    seen: set = set()
+
+    def walk(s: Scalar, around: frozenset) -> None:
+        if (s, around) in seen:
+            return
+        seen.add((s, around))
+        if isinstance(s, Reduce):
+            (repeated if free_vars(s, memo) & around else once)[s] = None
+            walk(s.body, around | {s.var})
+        elif isinstance(s, Bind) and around:
+            walk(s.value, around)
+            walk(s.body, around | {s.var})
+        else:
+            for c in s.children():
+                walk(c, around)
+    for value in values:
+        walk(value, frozenset())
+    return list(once), list(repeated)
+
+
 @dataclass(frozen=True)
 class BufferArg:
     name: str
@@ -117,8 +163,18 @@ class BufferArg:
 
 
 @dataclass(frozen=True)
+class Write:
+    """output[store] = value at a point of a kernel's loops."""
+    output: BufferArg
+    store: Expr
+    value: Scalar
+
+
+@dataclass(frozen=True)
 class Kernel:
-    """output[store] = value for every point of the loop nest (variables in order, extents)."""
+    """output[store] = value for every point of the loop nest (variables in order, extents), and
+    each further write of `also` at the same points (independent kernels of equal points launched
+    as one: the K and V cache writes)."""
     output: BufferArg
     inputs: tuple[BufferArg, ...]
     loops: tuple[tuple[str, Expr], ...]
@@ -127,10 +183,20 @@ class Kernel:
     symbols: tuple[str, ...]                       # graph symbols passed as int64 arguments
     bounds: tuple[tuple[str, int, int], ...]       # ranges of the graph symbols
     label: str = ""                                # what it computes, for reports
+    also: tuple[Write, ...] = ()
+
+    @property
+    def writes(self) -> tuple[Write, ...]:
+        return (Write(self.output, self.store, self.value), *self.also)
+
+    @property
+    def outputs(self) -> tuple[BufferArg, ...]:
+        """The buffers it writes, in the order of its parameters (before its inputs)."""
+        return tuple(w.output for w in self.writes)
 
     @property
     def reduce_extent(self) -> Expr | None:
-        return self.value.extent if isinstance(self.value, Reduce) else None
+        return self.value.extent if isinstance(self.value, Reduce) and not self.also else None
 
 
 @dataclass(frozen=True)
@@ -158,7 +224,7 @@ class KernelConfig:
 def config_space(kernel: Kernel) -> list[KernelConfig]:
     """Every configuration worth timing for a kernel, the default first."""
     loops = len(kernel.loops)
-    reduces = _has_reduce(kernel.value)
+    reduces = any(_has_reduce(w.value) for w in kernel.writes)
     space = [KernelConfig()]
     for outer in range(max(1, loops)):
         for parallel in sorted({0, min(1, loops), min(2, loops)}):
@@ -197,8 +263,9 @@ def traffic_bytes(kernel: Kernel, env: dict[str, int]) -> int:
         inner = times * s.extent.evaluate(env) if isinstance(s, Reduce) else times
         for c in s.children():
             walk(c, inner)
-    walk(kernel.value, points)
-    out = kernel.output.size.evaluate(env) * kernel.output.dtype.itemsize
+    for write in kernel.writes:
+        walk(write.value, points)
+    out = sum(b.size.evaluate(env) * b.dtype.itemsize for b in kernel.outputs)
     return out + sum(min(b.size.evaluate(env), loads.get(b.name, 0)) * b.dtype.itemsize
                      for b in kernel.inputs)
 
@@ -216,4 +283,4 @@ def arithmetic_ops(kernel: Kernel, env: dict[str, int]) -> int:
     points = 1
     for _, extent in kernel.loops:
         points *= extent.evaluate(env)
-    return points * count(kernel.value, set())
+    return points * sum(count(w.value, set()) for w in kernel.writes)

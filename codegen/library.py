@@ -107,7 +107,7 @@ def with_library(space: list, kernel: Kernel) -> list:
 
 def as_gemm(kernel: Kernel) -> Gemm | None:
     value = kernel.value
-    if not kernel.output.dtype.is_float:
+    if not kernel.output.dtype.is_float or kernel.also:
         return None
     if isinstance(value, Apply) and value.op is Op.CAST:     # the store rounds to the output type
         value = value.args[0]

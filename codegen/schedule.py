@@ -14,7 +14,7 @@ from ..ir.ops import ELEMENTWISE, IOTA_INDEX, REDUCE, VIEWS, Op
 from ..ir.symbolic import Expr, prod, sym
 from .index import interval, linear, reshape_index, substitute
 from .kernel import (Apply, Bind, BufferArg, Const, InRange, IndexValue, Kernel, Load, Reduce,
-                     Scalar)
+                     Scalar, Write, split_reductions)
 
 
 @dataclass(frozen=True)
@@ -24,19 +24,32 @@ class FusionPolicy:
     every broadcast element, e.g. an activation feeding a matrix product). `epilogues`: a
     reduction whose only reader is an elementwise chain ending in a kernel of the same points runs
     inside that kernel (a GEMV and its cast, residual add or KV-cache write as one kernel), at the
-    price of the library call: a product with an epilogue is a generated kernel."""
+    price of the library call: a product with an epilogue is a generated kernel. `merges`: a
+    reduction runs inside every kernel that reads it wherever each needs it once per point, not
+    once per step of its own loop (the norm's sum of squares inside the GEMVs that read the
+    normalized row, softmax's max and sum inside the P.V product, gate and up in the kernel of
+    their product), and kernels of equal points that need nothing of each other launch as one (the
+    K and V cache writes): fewer kernels, for work repeated at every point of the reader."""
     inline_limit: int = 12
     broadcast_limit: int = 1
     epilogues: bool = False
+    merges: bool = False
 
     def key(self) -> str:
-        return f"inline{self.inline_limit}-bcast{self.broadcast_limit}" + ("-epilogue" if self.epilogues else "")
+        return (f"inline{self.inline_limit}-bcast{self.broadcast_limit}"
+                + ("-epilogue" if self.epilogues else "") + ("-merge" if self.merges else ""))
 
 
 # the fusion policies the search chooses among, by name (a tuner "variant")
 POLICIES = {p.key(): p for p in (FusionPolicy(12, 1), FusionPolicy(12, 1, epilogues=True),
                                   FusionPolicy(4, 0), FusionPolicy(32, 3, epilogues=True),
-                                  FusionPolicy(64, 16, epilogues=True))}
+                                  FusionPolicy(64, 16, epilogues=True),
+                                  FusionPolicy(64, 16, epilogues=True, merges=True))}
+
+# the most reductions one merged kernel holds (a GEMV with its norm, softmax's max, sum and
+# P.V with the fully-masked guard) and the most kernels one reduction merges into (Q, K and V)
+MERGED_PER_KERNEL = 4
+MERGED_READERS = 3
 
 
 @dataclass
@@ -100,6 +113,8 @@ class _Scheduler:
                 kernels.append(kernel)
                 if alias:
                     aliases[name] = alias
+        if self.policy.merges:
+            kernels = _combined(kernels, aliases)
         outputs = [self.buffer_of[id(n)] for n in self.graph.outputs]
         nodes = {name: n for n in self.order if (name := self.buffer_of.get(id(n)))}
         return Program(self.buffers, kernels, outputs, inputs, weights, dict(self.graph.symbols),
@@ -138,7 +153,49 @@ class _Scheduler:
                     cost[id(node)] = 0
         if self.policy.epilogues:
             roots -= self._epilogue_reductions(roots)
+        if self.policy.merges:
+            roots = self._merge_reductions(roots)
         return roots
+
+    def _merge_reductions(self, roots: set[int]) -> set[int]:
+        """Drop from `roots` each reduction that every kernel reading it can compute once per point
+        (producers first, so a chain merges link by link: softmax's max, then the sum reading it)."""
+        outputs = {id(n) for n in self.graph.outputs}
+        for node in self.order:
+            mergeable = node.op in REDUCE or node.op in ELEMENTWISE
+            if not mergeable or id(node) not in roots or id(node) in outputs:
+                continue
+            readers = self._reader_kernels(node, roots)
+            trial = roots - {id(node)}
+            if 0 < len(readers) <= MERGED_READERS and all(
+                    _merged_well(self._trial_kernel(reader, trial)) for reader in readers):
+                roots = trial
+        return roots
+
+    def _reader_kernels(self, node: Node, roots: set[int]) -> list[Node]:
+        """The kernels (roots) whose values read `node`'s, directly or through inlined nodes."""
+        found, stack, seen = {}, list(self.users.get(id(node), [])), set()
+        while stack:
+            user = stack.pop()
+            if id(user) in seen:
+                continue
+            seen.add(id(user))
+            if id(user) in roots:
+                found[id(user)] = user
+            else:
+                stack.extend(self.users.get(id(user), []))
+        return list(found.values())
+
+    def _trial_kernel(self, root: Node, roots: set[int]) -> Kernel:
+        """`root`'s kernel were `roots` the kernels; the scheduler's state is left as it was."""
+        state = dict(self.buffers), dict(self.buffer_of), dict(self.bounds)
+        try:
+            for node in self.order:
+                if id(node) in roots:
+                    self._buffer(node, "temp")
+            return self._kernel(root, self.buffer_of[id(root)])[0]
+        finally:
+            self.buffers, self.buffer_of, self.bounds = state
 
     def _epilogue_reductions(self, roots: set[int]) -> set[int]:
         """Reductions that can run inside the kernel that reads them: each is read by one chain of
@@ -282,6 +339,39 @@ class _Scheduler:
             return self._view(node, idx)
         raise NotImplementedError(f"no kernel lowering for {op.value}")
 
+    def _concat_of_slices(self, node: Node, idx: list[Expr]) -> Scalar | None:
+        """A concat of slices of one value (rotary's rotate-half: its upper half negated, then its
+        lower half) reads that value once per point, at the index the point's part takes, instead
+        of once per part and a select: a GEMV merged into the rotary then runs once, not twice."""
+        axis = node.attrs["axis"]
+        parts = [_sliced(part, axis) for part in node.inputs]
+        if None in parts or len({id(sl.inputs[0]) for _, sl in parts}) != 1:
+            return None
+        source = parts[0][1].inputs[0]
+        var = self._var("g")
+        self.bounds[var] = (0, _upper(source.shape[axis], self.bounds) - 1)
+        inner = list(idx)
+        inner[axis] = sym(var)
+        shared = self._value(source, inner)
+        pieces, offset = [], Expr.of(0)
+        for part, (chain, sl) in zip(node.inputs, parts):
+            local = list(idx)
+            local[axis] = (idx[axis] - offset).max(0).min(part.shape[axis] - 1)
+            value, below = shared, sl
+            for op_node in reversed(chain):       # innermost first, the constants at the part's points
+                value = Apply(op_node.op, tuple(value if i is below else self._value(i, local)
+                                                for i in op_node.inputs), op_node.dtype)
+                below = op_node
+            at = IndexValue(local[axis] * sl.attrs["step"] + sl.attrs["start"], DType.I64)
+            offset = offset + part.shape[axis]
+            pieces.append((offset, value, at))
+        _, value, index = pieces[-1]
+        for end, piece, at in reversed(pieces[:-1]):
+            inside = InRange(idx[axis], Expr.of(0), end)
+            value = Apply(Op.WHERE, (inside, piece, value), node.dtype)
+            index = Apply(Op.WHERE, (inside, at, index), DType.I64)
+        return Bind(var, index, value, node.dtype)
+
     def _view(self, node: Node, idx: list[Expr]) -> Scalar:
         op, a, x = node.op, node.attrs, node.inputs[0]
         if op is Op.PERMUTE:
@@ -304,6 +394,10 @@ class _Scheduler:
             inside = InRange(idx[axis], before, before + x.shape[axis])
             return Apply(Op.WHERE, (inside, self._value(x, inner), Const(a["value"], node.dtype)),
                          node.dtype)
+        if op is Op.CONCAT and self.policy.merges:
+            shared = self._concat_of_slices(node, idx)
+            if shared is not None:
+                return shared
         if op is Op.CONCAT:
             axis, offset = a["axis"], Expr.of(0)
             pieces = []
@@ -318,6 +412,124 @@ class _Scheduler:
                               node.dtype)
             return value
         raise NotImplementedError(f"no kernel lowering for view {op.value}")
+
+
+def _combined(kernels: list[Kernel], aliases: dict[str, str]) -> list[Kernel]:
+    """Each kernel joined, once, to the first later one of the same points where neither needs
+    what the other writes: the pair runs as one kernel at the place of the one that can move to
+    the other's past every kernel between them (nothing between writes what it reads, reads or
+    writes what it writes)."""
+    def names(buffers) -> set[str]:
+        return {aliases.get(b.name, b.name) for b in buffers}
+
+    def touches(kernel: Kernel, reads: set[str], writes: set[str]) -> bool:
+        """Whether `kernel` cannot be crossed by one that reads `reads` and writes `writes`."""
+        return bool(names(kernel.outputs) & (reads | writes) or names(kernel.inputs) & writes)
+
+    out, i = list(kernels), 0
+    while i < len(out):
+        first = out[i]
+        for j in range(i + 1, len(out)):
+            later = out[j]
+            if first.also or later.also or not _same_points(first, later) or touches(
+                    later, names(first.inputs), names(first.outputs)):
+                continue
+            between = out[i + 1:j]
+            up = not any(touches(k, names(later.inputs), names(later.outputs)) for k in between)
+            down = not any(touches(k, names(first.inputs), names(first.outputs)) for k in between)
+            if up or down:
+                joined = _joined(first, later)
+                del out[j]
+                out[i] = joined
+                if not up:                      # at the later one's place
+                    out.insert(j - 1, out.pop(i))
+                break
+        i += 1
+    return out
+
+
+def _same_points(a: Kernel, b: Kernel) -> bool:
+    return [e for _, e in a.loops] == [e for _, e in b.loops]
+
+
+def _joined(a: Kernel, b: Kernel) -> Kernel:
+    """One kernel over a's loops writing a's output and b's: b's loop variables renamed to a's,
+    its reduction and bind variables given names of their own."""
+    names = {vb: va for (va, _), (vb, _) in zip(a.loops, b.loops)}
+    for var in _inner_vars(b.value):
+        names[var] = f"{var}b"
+    # a reduction both compute (the norm's sum of squares that Q and K both read) runs once
+    once_a = split_reductions(a.value)[0]
+    for reduce in split_reductions(b.value)[0]:
+        twin = next((r for r in once_a if _renamed(reduce, {**names, reduce.var: r.var}) == r), None)
+        if twin is not None:
+            names[reduce.var] = twin.var
+    value, store = _renamed(b.value, names), substitute(b.store, {k: sym(v) for k, v in names.items()})
+    inputs = {x.name: x for x in (*a.inputs, *b.inputs)}
+    bounds = dict.fromkeys(sorted({*a.bounds, *b.bounds}))
+    return Kernel(a.output, tuple(inputs.values()), a.loops, a.store, a.value,
+                  tuple(sorted({*a.symbols, *b.symbols})), tuple(bounds), f"{a.label}+{b.label}",
+                  also=(Write(b.output, store, value),))
+
+
+def _inner_vars(value: Scalar) -> set[str]:
+    found, stack = set(), [value]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, (Reduce, Bind)):
+            found.add(s.var)
+        stack.extend(s.children())
+    return found
+
+
+def _renamed(value: Scalar, names: dict[str, str]) -> Scalar:
+    env = {k: sym(v) for k, v in names.items()}
+    memo: dict[Scalar, Scalar] = {}
+
+    def go(s: Scalar) -> Scalar:
+        if s in memo:
+            return memo[s]
+        if isinstance(s, Load):
+            out = Load(s.buffer, substitute(s.index, env), s.dtype)
+        elif isinstance(s, IndexValue):
+            out = IndexValue(substitute(s.expr, env), s.dtype)
+        elif isinstance(s, InRange):
+            out = InRange(substitute(s.expr, env), substitute(s.lo, env), substitute(s.hi, env))
+        elif isinstance(s, Apply):
+            out = Apply(s.op, tuple(go(a) for a in s.args), s.dtype)
+        elif isinstance(s, Reduce):
+            out = Reduce(s.op, names.get(s.var, s.var), substitute(s.extent, env), go(s.body), s.dtype)
+        elif isinstance(s, Bind):
+            out = Bind(names.get(s.var, s.var), go(s.value), go(s.body), s.dtype)
+        else:
+            out = s
+        memo[s] = out
+        return out
+    return go(value)
+
+
+def _merged_well(kernel: Kernel) -> bool:
+    once, repeated = split_reductions(kernel.value)
+    return not repeated and len(once) <= MERGED_PER_KERNEL
+
+
+def _sliced(part: Node, axis: int) -> tuple[list[Node], Node] | None:
+    """A concat's part as elementwise ops (outermost first; each takes one computed value, the
+    rest constants) over a slice along the concat's axis; None for any other part."""
+    chain = []
+    while part.op is not Op.SLICE:
+        computed = [i for i in part.inputs if not _constant(i)]
+        if part.op not in ELEMENTWISE or len(computed) != 1 or computed[0].shape != part.shape:
+            return None
+        chain.append(part)
+        part = computed[0]
+    return (chain, part) if part.attrs["axis"] == axis else None
+
+
+def _constant(node: Node) -> bool:
+    while node.op in VIEWS:
+        node = node.inputs[0]
+    return node.op is Op.CONSTANT
 
 
 def _keeps_points(reader: Node, value: Node) -> bool:

@@ -113,9 +113,10 @@ def _search_region(graph, key, group, feeds, env, backend, db, fingerprint, comp
             isolated(outputs, variant)
         return measurer.end_to_end(outputs, variant)
     # every policy is tried while the budget lasts, in an order that puts the likely winners
-    # first: in decode (GEMVs, bound by launches and bytes) the fused ones; in prefill (GEMMs a
-    # library call takes whole) the plain ones
-    variants = sorted(POLICIES, key=lambda v: POLICIES[v].epilogues != region.recorded)
+    # first: in decode (GEMVs, bound by launches and bytes) the fused ones, fewest kernels first;
+    # in prefill (GEMMs a library call takes whole) the plain ones
+    variants = sorted(POLICIES, key=lambda v: (POLICIES[v].merges != region.recorded,
+                                               POLICIES[v].epilogues != region.recorded))
     tuner = RegionTuner(key, label, rep.outputs, saturated, variants,
                         isolated or measurer.evaluate, end_to_end, db, compile_id, seed,
                         lambda p, d=deadline: on_progress(p, d.remaining()))

@@ -71,7 +71,8 @@ def plan_buffers(program: Program, reuse: bool = True) -> BufferPlan:
     last_use: dict[str, int] = {}
     first_def: dict[str, int] = {}
     for k, kernel in enumerate(program.kernels):
-        first_def.setdefault(kernel.output.name, k)
+        for out in kernel.outputs:
+            first_def.setdefault(out.name, k)
         for b in kernel.inputs:
             last_use[b.name] = k
     end = len(program.kernels)
@@ -149,7 +150,7 @@ class Executor:
         for kernel in program.kernels:
             symbols = self.symbol_buffers[kernel.symbols]
             args = []
-            for name in (kernel.output.name, *(b.name for b in kernel.inputs)):
+            for name in (*(b.name for b in kernel.outputs), *(b.name for b in kernel.inputs)):
                 name = program.aliases.get(name, name)
                 args.append(name if name not in self.arrays else backend.arg(self.arrays[name]))
             args.append(backend.arg(symbols))
@@ -229,8 +230,8 @@ class Executor:
         for launch, kernel_args, kernel in zip(self._launchers, self.launch_args(inputs, env),
                                                self.program.kernels):
             launch(kernel_args, env)
-            written[kernel.output.name] = self.backend.to_host(self.result(kernel.output.name, inputs, env),
-                                                               kernel.output.dtype)
+            for out in kernel.outputs:
+                written[out.name] = self.backend.to_host(self.result(out.name, inputs, env), out.dtype)
         return written
 
     def host_outputs(self, *args) -> list[np.ndarray]:

@@ -174,8 +174,8 @@ class Measurer:
         functions = self.backend.compile({n: src for n, (_, _, src) in pending.items()}) if pending else {}
         for name, (i, config, _) in pending.items():
             kernel = kernels[i]
-            expected = self.backend.to_host(executor.result(kernel.output.name, inputs, env),
-                                            kernel.output.dtype).copy()
+            expected = [self.backend.to_host(executor.result(out.name, inputs, env), out.dtype).copy()
+                        for out in kernel.outputs]
             self._measure(kernel, executor, inputs, env, launch_args[i], functions[name], name,
                           config, options[i][0], expected)
             # the default configuration's output back in place: the kernels measured next read it,
@@ -192,15 +192,16 @@ class Measurer:
         return chosen, total
 
     def _measure(self, kernel: Kernel, executor: Executor, inputs, env, args, fn, name: str,
-                 config: KernelConfig, symbols: dict, expected: np.ndarray) -> None:
-        out_name = kernel.output.name
-        if out_name not in executor.program.aliases:
-            self.backend.poison(executor.arrays[out_name], kernel.output.dtype)  # a kernel must write
+                 config: KernelConfig, symbols: dict, expected: list[np.ndarray]) -> None:
+        for out in kernel.outputs:
+            if out.name not in executor.program.aliases:
+                self.backend.poison(executor.arrays[out.name], out.dtype)  # a kernel must write
         launch = self.backend.launcher(fn, kernel, config)
         self.on_trial(name, config.key(), symbols)
         launch(args, env)
-        bad = mismatch(self.backend.to_host(executor.result(out_name, inputs, env), kernel.output.dtype),
-                       expected, self.rtol)
+        bad = next(filter(None, (mismatch(self.backend.to_host(executor.result(out.name, inputs, env), out.dtype),
+                                          want, self.rtol)
+                                 for out, want in zip(kernel.outputs, expected))), None)
         if bad:
             self.db.record_kernel_failure(self.fingerprint, name, config.key(), symbols, bad[0], bad[1])
             return

@@ -27,7 +27,7 @@ export PYTHONPATH=/tmp/pkg:$site:$PWD PYTHONUNBUFFERED=1 KILN_TEST_LOWERED=$PWD/
 steps=${STEPS:-tests debug bench}
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
 if [[ $steps == *tests* ]]; then   # one test at a time, so that one that hangs loses only itself
-  for test in $(grep -A1 '^@needs_gpu' tests/test_cuda.py | grep -o 'def test_[a-z0-9_]*' | cut -c5- | grep -E "${TESTS:-.}"); do
+  for test in $(grep -A2 '^@needs_gpu' tests/test_cuda.py | grep -o 'def test_[a-z0-9_]*' | cut -c5- | grep -E "${TESTS:-.}"); do
     timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -p no:logging -rs --tb=short \
       "tests/test_cuda.py::$test" 2>&1 | tee -a "$out/tests-full.log" | tail -25 | tee -a "$out/test_cuda.log"
   done

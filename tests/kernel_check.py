@@ -20,7 +20,7 @@ from kiln.runtime.executor import Executor
 
 POLICIES = (FusionPolicy(), FusionPolicy(inline_limit=0, broadcast_limit=0),
             FusionPolicy(inline_limit=10**6, broadcast_limit=10**6, epilogues=True),
-            FusionPolicy(epilogues=True))
+            FusionPolicy(epilogues=True), FusionPolicy(64, 16, epilogues=True, merges=True))
 # a few units in the last place: libm and numpy round transcendentals and sums differently
 RTOL = {DType.F32: 1e-4, DType.F16: 2.0 ** -8, DType.BF16: 2.0 ** -6}
 
@@ -108,8 +108,7 @@ def kernel_problems(program: Program, values: dict[str, np.ndarray], env: dict[s
     run on the buffers that kernel read."""
     buffer_of = {id(n): name for name, n in program.nodes.items()}
     problems = []
-    for kernel in program.kernels:
-        name = kernel.output.name
+    for name, kernel in ((out.name, k) for k in program.kernels for out in k.outputs):
         root, reads = kernel_input(program.nodes[name], buffer_of)
         feeds = {n: values[buffer] for n, buffer in reads.items()}
         got = values[name]

@@ -488,10 +488,11 @@ def test_epilogues_put_reductions_into_the_kernels_that_read_them(tiny_lm, rng):
     before, after = schedule(g, plain), schedule(g, fused)
     assert len(after.kernels) < len(before.kernels)
     # each reduction still runs once, in a kernel that holds it alone at its points
-    from kiln.codegen.cuda_emit import top_reduce
+    from kiln.codegen.cuda_emit import point_reductions
     from kiln.codegen.kernel import Reduce
     reductions = sum(isinstance(k.value, Reduce) for k in before.kernels)
-    assert sum(top_reduce(k) is not None for k in after.kernels) == reductions
+    assert [len(point_reductions(k)) for k in after.kernels].count(1) == reductions
+    assert all(len(point_reductions(k)) <= 1 for k in after.kernels)
     assert {k.output.name for k in after.kernels} >= set(after.aliases)   # cache writes stay in place
 
     def args(pos: int) -> list[np.ndarray]:
@@ -500,6 +501,26 @@ def test_epilogues_put_reductions_into_the_kernels_that_read_them(tiny_lm, rng):
     check(g, args(0), args(7), args(15), policies=[fused], sets=(0, 1, 2))
     check(tiny_lm.prefill, [rng.integers(0, 64, (1, 5))], [rng.integers(0, 64, (1, 16))],
           policies=[fused], sets=(0, 1))
+
+
+def test_merged_reductions_run_once_per_point_in_fewer_kernels(tiny_lm, rng):
+    """Merging puts the norm's sum of squares into the projections that read it and softmax's max
+    and sum into the P.V product, and launches the K and V cache writes as one kernel: fewer
+    kernels than epilogues alone, several reductions in one kernel, none repeated inside another's
+    loop, each kernel's every output still equal to the interpreter."""
+    from kiln.codegen.kernel import split_reductions
+    g = tiny_lm.decode
+    caches = [c.shape for c in tiny_lm.cache.zeros()]
+    epilogues, merged = schedule(g, FusionPolicy(64, 16, epilogues=True)), schedule(g, POLICIES[-1])
+    assert len(merged.kernels) < len(epilogues.kernels)
+    split = [split_reductions(k.value) for k in merged.kernels]
+    assert max(len(once) for once, _ in split) >= 3 and not any(repeated for _, repeated in split)
+    assert any(k.also for k in merged.kernels)            # the K and V cache writes as one kernel
+
+    def args(pos: int) -> list[np.ndarray]:
+        return decode_args(g, rng.integers(0, 64, (1, 1)), pos,
+                           [rng.standard_normal(s).astype(np.float32) for s in caches])
+    check(g, args(0), args(9), args(15), policies=POLICIES[-1:], sets=(0, 1, 2))
 
 
 def test_traffic_of_a_gather_counts_the_rows_it_picks_not_the_table():

@@ -94,11 +94,11 @@ def test_every_lane_reaches_every_warp_shuffle(tiny_kernels):
 
 def _golden_cases(kernels):
     """A GEMV-like reduction (the widest kernel with a reduction) and an elementwise kernel."""
-    from kiln.codegen.cuda_emit import top_reduce
-    reducing = [k for k in kernels if top_reduce(k) is not None]
+    from kiln.codegen.cuda_emit import point_reductions
+    reducing = [k for k in kernels if point_reductions(k)]
     gemv = max(reducing, key=lambda k: k.reduce_extent.value if k.reduce_extent is not None
                and k.reduce_extent.is_const else 0)
-    elementwise = next(k for k in kernels if top_reduce(k) is None and len(k.loops) >= 2)
+    elementwise = next(k for k in kernels if not point_reductions(k) and len(k.loops) >= 2)
     return {"gemv_warp_vector": (gemv, CudaConfig(256, 32, config_space(gemv)[0].vector)),
             "gemv_block": (gemv, CudaConfig(256, 256, 1)),
             "elementwise": (elementwise, CudaConfig(256, 1, 1))}
@@ -232,9 +232,11 @@ def test_decode_replays_one_cuda_graph_per_token_with_the_same_results(products)
 
 
 @needs_gpu
-def test_every_configuration_of_every_decode_kernel_equals_the_interpreter():
+@pytest.mark.parametrize("policy", ["inline12-bcast1-epilogue", "inline64-bcast16-epilogue-merge"])
+def test_every_configuration_of_every_decode_kernel_equals_the_interpreter(policy):
     """Each template configuration (sub-warp, warp, block and across groups, vectors, unrolled
-    reductions) of each kernel of a bf16 decode step with epilogues, each kernel's output checked
+    reductions, several shared by a group) of each kernel of a bf16 decode step with epilogues and
+    with merged reductions, each kernel's output checked
     against the interpreter's value of the node it holds, on random caches (the tuner checks a
     configuration against the default one; this checks the default too)."""
     from kiln.ir import evaluate
@@ -243,7 +245,7 @@ def test_every_configuration_of_every_decode_kernel_equals_the_interpreter():
     from kiln.runtime.executor import Executor
     _, lm = tiny_case("tiny2_bf16")
     graph, backend = lm.decode, CudaBackend()
-    program = schedule(graph, POLICIES["inline12-bcast1-epilogue"])
+    program = schedule(graph, POLICIES[policy])
     rng = np.random.default_rng(3)
     args = decode_args(graph, np.array([[7]]), 11, [
         (rng.standard_normal(tuple(d.value for d in n.shape)) * 0.5).astype(n.dtype.np)
