@@ -8,7 +8,7 @@ from ..ir.dtypes import DType, accumulator
 from ..ir.ops import ELEMENTWISE, Op
 from ..ir.symbolic import Call, Expr
 from .kernel import (Apply, Bind, Const, InRange, IndexValue, Kernel, KernelConfig, Load, Reduce,
-                     Scalar, free_vars)
+                     Scalar, free_vars, renamed)
 
 # storage types; f16/bf16 are stored as their bits and computed in float
 STORAGE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DType.I32: "int32_t",
@@ -156,13 +156,15 @@ def store_code(value: str, dtype: DType) -> str:
 class _Body:
     """Statements per loop level; level 0 is before the loops, level k inside loop k."""
 
-    def __init__(self, loops, config: KernelConfig):
+    def __init__(self, loops, config: KernelConfig, values: tuple[Scalar, ...] = ()):
         self.config = config
         self.level = {v: k + 1 for k, (v, _) in enumerate(loops)}
         self.blocks: dict[int, list[str]] = {k: [] for k in range(len(loops) + 1)}
         self.memo: dict[Scalar, tuple[str, int]] = {}
         self.vars_memo: dict = {}
         self.count = 0
+        self.reductions, self.binds = _reductions_and_binds(values)
+        self.active: set[Reduce] = set()       # reductions whose loops are being emitted
 
     def level_of(self, names) -> int:
         return max((self.level.get(n, 0) for n in names), default=0)
@@ -197,10 +199,7 @@ class _Body:
                 code = f"kiln_{s.dtype.value}_round({code})"
             result = (self.temp(code, s.dtype, level), level)
         elif isinstance(s, Bind):
-            if s.var not in self.level:
-                value, level = self.emit(s.value)
-                self.blocks[level].append(f"const int64_t {s.var} = (int64_t)({value});")
-                self.level[s.var] = level
+            self.bind(s)
             result = self.emit(s.body)
         elif isinstance(s, Reduce):
             result = self.reduce(s)
@@ -209,45 +208,109 @@ class _Body:
         self.memo[s] = result
         return result
 
-    def loop_pragmas(self, s: Reduce, acc: str) -> list[str]:
+    def bind(self, s: Bind) -> None:
+        if s.var not in self.level:
+            value, level = self.emit(s.value)
+            self.blocks[level].append(f"const int64_t {s.var} = (int64_t)({value});")
+            self.level[s.var] = level
+
+    def siblings(self, s: Reduce) -> list[Reduce]:
+        """`s` and the reductions not yet emitted that can share its loop: the same extent, at the
+        same level, none inside another. Renamed to s's variable, the subexpressions their bodies
+        share (the normalized row gate and up both read) are computed once per step."""
+        level = self.level_of(free_vars(s, self.vars_memo))
+        group = [s]
+        for r in self.reductions:
+            if r in self.memo or r in self.active or r.extent != s.extent or any(r == g or _inside(r, g) or _inside(g, r)
+                                                             for g in group):
+                continue
+            names = free_vars(r, self.vars_memo)
+            pending = [self.binds[n] for n in names if n in self.binds and n not in self.level]
+            if any(_inside(b.value, x) for b in pending for x in self.reductions):
+                continue
+            for b in pending:           # an index it reads (rotary's chosen half), bound first
+                self.bind(b)
+            if self.level_of(names) == level:
+                group.append(r)
+        return group
+
+    def loop_pragmas(self, group: list[Reduce], accs: list[str]) -> list[str]:
         """What the dialect puts before a reduction's loop (vectorization, unrolling)."""
         return []
 
     def reduce(self, s: Reduce) -> tuple[str, int]:
+        group = self.siblings(s)
         level = self.level_of(free_vars(s, self.vars_memo))
         inner_level = level + 1
         saved_block, saved_memo = self.blocks.get(inner_level), dict(self.memo)
         inner: list[str] = []
         self.blocks[inner_level] = inner
         self.level[s.var] = inner_level
-        value, _ = self.emit(s.body)
+        self.active.update(group)
+        values = [self.emit(renamed(r, {r.var: s.var}).body)[0] for r in group]
+        self.active.difference_update(group)
         self.blocks[inner_level] = saved_block if saved_block is not None else []
         # temps made inside the loop are gone after it
         self.memo = {k: v for k, v in self.memo.items() if k in saved_memo or v[1] <= level}
-        self.count += 1
-        acc, acc_type = f"acc{self.count}", COMPUTE[accumulator(s.dtype)]
-        body_type = COMPUTE[s.body.dtype]
-        if s.op is Op.SUM_REDUCE:
-            init, update = "0", f"{acc} += ({acc_type}){value};"
-        else:
-            init, acc_type = LOWEST.get(s.dtype, "-INFINITY"), body_type
-            update = f"{acc} = ({value} > {acc} || {value} != {value}) ? {value} : {acc};"
-        extent = index_code(s.extent)
         block = self.blocks[level]
-        block.append(f"{acc_type} {acc} = {init};")
-        block.extend(self.loop_pragmas(s, acc))
-        block.append(f"for (int64_t {s.var} = 0; {s.var} < {extent}; {s.var}++) {{")
+        accs, updates = [], []
+        for r, value in zip(group, values):
+            self.count += 1
+            acc, acc_type = f"acc{self.count}", COMPUTE[accumulator(r.dtype)]
+            if r.op is Op.SUM_REDUCE:
+                init, update = "0", f"{acc} += ({acc_type}){value};"
+            else:
+                init, acc_type = LOWEST.get(r.dtype, "-INFINITY"), COMPUTE[r.body.dtype]
+                update = f"{acc} = ({value} > {acc} || {value} != {value}) ? {value} : {acc};"
+            block.append(f"{acc_type} {acc} = {init};")
+            accs.append(acc)
+            updates.append(update)
+        block.extend(self.loop_pragmas(group, accs))
+        block.append(f"for (int64_t {s.var} = 0; {s.var} < {index_code(s.extent)}; {s.var}++) {{")
         block.extend("  " + line for line in inner)
-        block.append(f"  {update}")
+        block.extend("  " + update for update in updates)
         block.append("}")
-        code = f"({COMPUTE[s.dtype]}){acc}"
-        return self.temp(code, s.dtype, level), level
+        results = [(self.temp(f"({COMPUTE[r.dtype]}){acc}", r.dtype, level), level)
+                   for r, acc in zip(group, accs)]
+        for r, result in zip(group[1:], results[1:]):
+            self.memo[r] = result
+        return results[0]
+
+
+def _reductions_and_binds(values) -> tuple[list[Reduce], dict[str, Bind]]:
+    reductions: dict[Reduce, None] = {}
+    binds: dict[str, Bind] = {}
+    stack, seen = list(reversed(values)), set()
+    while stack:
+        s = stack.pop()
+        if s in seen:
+            continue
+        seen.add(s)
+        if isinstance(s, Reduce):
+            reductions[s] = None
+        elif isinstance(s, Bind):
+            binds[s.var] = s
+        stack.extend(reversed(s.children()))
+    return list(reductions), binds
+
+
+def _inside(outer: Scalar, inner: Scalar) -> bool:
+    """Whether `inner` occurs in `outer`'s value (itself excluded)."""
+    stack, seen = list(outer.children()), set()
+    while stack:
+        s = stack.pop()
+        if s == inner:
+            return True
+        if s not in seen:
+            seen.add(s)
+            stack.extend(s.children())
+    return False
 
 
 class _CBody(_Body):
-    def loop_pragmas(self, s: Reduce, acc: str) -> list[str]:
-        if s.op is Op.SUM_REDUCE and self.config.simd:
-            return [f"#pragma omp simd reduction(+:{acc})"]
+    def loop_pragmas(self, group: list[Reduce], accs: list[str]) -> list[str]:
+        if all(r.op is Op.SUM_REDUCE for r in group) and self.config.simd:
+            return [f"#pragma omp simd reduction(+:{', '.join(accs)})"]
         # gcc wants each of these pragmas directly before the loop, so simd takes precedence
         return [f"#pragma GCC unroll {self.config.unroll}"] if self.config.unroll > 1 else []
 
@@ -255,7 +318,7 @@ class _CBody(_Body):
 def emit_c(kernel: Kernel, config: KernelConfig, name: str) -> str:
     """One C function `void name(out, in..., const int64_t* sym)` for the kernel."""
     loops = ordered_loops(kernel, config)
-    body = _CBody(loops, config)
+    body = _CBody(loops, config, tuple(w.value for w in kernel.writes))
     n = len(loops)
     for write in kernel.writes:
         value, _ = body.emit(write.value)

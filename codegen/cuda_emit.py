@@ -14,7 +14,7 @@ from ..ir.ops import Op
 from ..ir.symbolic import Expr, sym
 from .c_emit import COMPUTE, LOWEST, SHARED_HELPERS, STORAGE, _Body, index_code, store_code
 from .index import substitute
-from .kernel import Kernel, Load, Reduce, Scalar, free_vars, split_reductions
+from .kernel import Kernel, Load, Reduce, Scalar, free_vars, renamed, split_reductions
 
 PRELUDE = r"""
 #ifdef __CUDACC_RTC__
@@ -182,7 +182,7 @@ def _aligned(index: Expr, var: str, width: int) -> bool:
 
 class _CudaBody(_Body):
     def __init__(self, kernel: Kernel, config: CudaConfig):
-        super().__init__([("kiln_point", Expr.of(1))], config)
+        super().__init__([("kiln_point", Expr.of(1))], config, tuple(w.value for w in kernel.writes))
         self.level.update({v: 1 for v, _ in kernel.loops})
         self.cooperative = set(point_reductions(kernel)) if config.group > 1 or config.vector > 1 else set()
         self.vectors: dict[Load, tuple[str, int]] = {}   # a load read as one lane of a vector
@@ -193,13 +193,19 @@ class _CudaBody(_Body):
             return self.vectors[s]
         return super().emit(s)
 
-    def loop_pragmas(self, s: Reduce, acc: str) -> list[str]:
+    def loop_pragmas(self, group: list[Reduce], accs: list[str]) -> list[str]:
         return ["#pragma unroll 4"]
+
+    def siblings(self, s: Reduce) -> list[Reduce]:
+        # a shared loop is split among the group's threads only where all of it is shareable
+        return [r for r in super().siblings(s) if (r in self.cooperative) == (s in self.cooperative)]
 
     def reduce(self, s: Reduce):
         if s not in self.cooperative:
             return super().reduce(s)
         config = self.config
+        group_of = self.siblings(s)
+        members = [renamed(r, {r.var: s.var}) for r in group_of]
         level = self.level_of(free_vars(s, self.vars_memo))
         base_level, inner_level = level + 1, level + 2
         saved = {k: self.blocks.get(k) for k in (base_level, inner_level)}
@@ -207,33 +213,39 @@ class _CudaBody(_Body):
         outer, inner = [], []
         self.blocks[base_level], self.blocks[inner_level] = outer, inner
         self.level[s.var] = inner_level
-        # each shared reduction reads vectors where its rows allow the config's width
-        width = config.vector if vector_width(s) >= config.vector else 1
+        # each shared loop reads vectors where all its rows allow the config's width
+        width = config.vector if all(vector_width(r) >= config.vector for r in members) else 1
         if width > 1:   # 16-byte loads of the contiguous rows, once per step
-            for load in _loads(s.body):
-                if _stride(load.index, s.var) != 1:
+            for load in dict.fromkeys(l for r in members for l in _loads(r.body)):
+                if _stride(load.index, s.var) != 1 or load in self.vectors:
                     continue
                 self.count += 1
                 name = f"kv{self.count}"
                 at = index_code(substitute(load.index, {s.var: sym("kiln_base")}))
                 outer.append(f"float {name}[{width}]; {_VECTOR[(load.dtype, width)]}({name}, {load.buffer} + {at});")
                 self.vectors[load] = (f"{name}[kiln_v]", inner_level)
-        value, _ = self.emit(s.body)
+        self.active.update(group_of)
+        values = [self.emit(r.body)[0] for r in members]
+        self.active.difference_update(group_of)
         for k, block in saved.items():
             self.blocks[k] = block if block is not None else []
         self.memo = {k: v for k, v in self.memo.items() if k in saved_memo or v[1] <= level}
-        self.count += 1
-        acc = f"acc{self.count}"
-        acc_type = COMPUTE[accumulator(s.dtype)] if s.op is Op.SUM_REDUCE else COMPUTE[s.body.dtype]
-        if s.op is Op.SUM_REDUCE:
-            init, combine = "0", "{a} + {b}"
-        else:
-            init = LOWEST.get(s.dtype, "-INFINITY")
-            combine = "(({b}) > ({a}) || ({b}) != ({b})) ? ({b}) : ({a})"
-        update = f"{acc} = {combine.format(a=acc, b=f'({acc_type}){value}')};"
-        extent, group = index_code(s.extent), config.group
         block = self.blocks[level]
-        block.append(f"{acc_type} {acc} = {init};")
+        accs, updates, combines = [], [], []
+        for r, value in zip(members, values):
+            self.count += 1
+            acc = f"acc{self.count}"
+            acc_type = COMPUTE[accumulator(r.dtype)] if r.op is Op.SUM_REDUCE else COMPUTE[r.body.dtype]
+            if r.op is Op.SUM_REDUCE:
+                init, combine = "0", "{a} + {b}"
+            else:
+                init = LOWEST.get(r.dtype, "-INFINITY")
+                combine = "(({b}) > ({a}) || ({b}) != ({b})) ? ({b}) : ({a})"
+            block.append(f"{acc_type} {acc} = {init};")
+            accs.append((acc, acc_type))
+            updates.append(f"{acc} = {combine.format(a=acc, b=f'({acc_type}){value}')};")
+            combines.append(combine)
+        extent, group = index_code(s.extent), config.group
         # unrolled, so that each thread has several loads in flight: one at a time leaves a
         # memory-bound reduction (a GEMV) far from the bandwidth; wholly where the steps are few
         # and known (the H200 probe: a warp-per-row GEMV 2048 -> 8192 took 9.9 us unrolled
@@ -248,16 +260,28 @@ class _CudaBody(_Body):
             block.append(f"  for (int kiln_v = 0; kiln_v < {width}; kiln_v++) {{")
             block.append(f"    const int64_t {s.var} = kiln_base + kiln_v; (void){s.var};")
             block.extend("    " + line for line in inner)
-            block.append(f"    {update}")
+            block.extend("    " + update for update in updates)
             block.append("  }")
             block.append("}")
         else:
             block.append(f"for (int64_t {s.var} = kiln_lane; {s.var} < {extent}; {s.var} += {group}) {{")
             block.extend("  " + line for line in outer + inner)
-            block.append(f"  {update}")
+            block.extend("  " + update for update in updates)
             block.append("}")
+        results = [self._combine(acc, acc_type, combine, level, block)
+                   for (acc, acc_type), combine in zip(accs, combines)]
+        results = [(self.temp(f"({COMPUTE[r.dtype]}){acc}", r.dtype, level), level)
+                   for r, acc in zip(members, results)]
+        for r, result in zip(group_of[1:], results[1:]):
+            self.memo[r] = result
+        return results[0]
+
+    def _combine(self, acc: str, acc_type: str, combine: str, level: int, block: list[str]) -> str:
+        """The group's partial values of one accumulator combined, in every thread of the group."""
+        config, group = self.config, self.config.group
         if config.across:   # the group's threads lie block / group apart: combine in shared memory
             shared, stride = f"kiln_shared{self.count}", config.points_per_block
+            self.count += 1
             self.shared.append(f"__shared__ {acc_type} {shared}[{config.block}];")
             block.append(f"{shared}[threadIdx.x] = {acc};")
             block.append("__syncthreads();")
@@ -265,7 +289,7 @@ class _CudaBody(_Body):
             block.append(f"for (int kiln_w = 1; kiln_w < {group}; kiln_w++) "
                          f"{acc} = {combine.format(a=acc, b=f'{shared}[kiln_w * {stride} + threadIdx.x % {stride}]')};")
             block.append("__syncthreads();")
-            return self.temp(f"({COMPUTE[s.dtype]}){acc}", s.dtype, level), level
+            return acc
         # every lane shuffles exactly once per step, outside the combine's branches: a shuffle
         # that only some lanes reach never completes (the max's `||` and `?:` branch per lane)
         for offset in _halvings(min(group, 32)):
@@ -273,6 +297,7 @@ class _CudaBody(_Body):
                          f"{acc} = {combine.format(a=acc, b='kiln_other')}; }}")
         if group > 32:   # one value per warp through shared memory, then every thread combines them
             shared = f"kiln_shared{self.count}"
+            self.count += 1
             self.shared.append(f"__shared__ {acc_type} {shared}[{group // 32}];")
             block.append(f"if ((threadIdx.x & 31) == 0) {shared}[kiln_lane >> 5] = {acc};")
             block.append("__syncthreads();")
@@ -280,7 +305,7 @@ class _CudaBody(_Body):
             block.append(f"for (int kiln_w = 1; kiln_w < {group // 32}; kiln_w++) "
                          f"{acc} = {combine.format(a=acc, b=f'{shared}[kiln_w]')};")
             block.append("__syncthreads();")
-        return self.temp(f"({COMPUTE[s.dtype]}){acc}", s.dtype, level), level
+        return acc
 
 
 def _halvings(n: int) -> list[int]:

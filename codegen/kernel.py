@@ -12,7 +12,8 @@ from typing import Any
 
 from ..ir.dtypes import DType
 from ..ir.ops import Op
-from ..ir.symbolic import Expr
+from ..ir.symbolic import Expr, sym
+from .index import substitute
 
 
 class Scalar:
@@ -160,6 +161,44 @@ class BufferArg:
     name: str
     dtype: DType
     size: Expr                  # elements
+
+
+def inner_vars(value: Scalar) -> set[str]:
+    """The reduction and bind variables a value introduces."""
+    found, stack = set(), [value]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, (Reduce, Bind)):
+            found.add(s.var)
+        stack.extend(s.children())
+    return found
+
+
+def renamed(value: Scalar, names: dict[str, str]) -> Scalar:
+    """value with variables renamed everywhere: in indices, extents, reductions and binds."""
+    env = {k: sym(v) for k, v in names.items()}
+    memo: dict[Scalar, Scalar] = {}
+
+    def go(s: Scalar) -> Scalar:
+        if s in memo:
+            return memo[s]
+        if isinstance(s, Load):
+            out = Load(s.buffer, substitute(s.index, env), s.dtype)
+        elif isinstance(s, IndexValue):
+            out = IndexValue(substitute(s.expr, env), s.dtype)
+        elif isinstance(s, InRange):
+            out = InRange(substitute(s.expr, env), substitute(s.lo, env), substitute(s.hi, env))
+        elif isinstance(s, Apply):
+            out = Apply(s.op, tuple(go(a) for a in s.args), s.dtype)
+        elif isinstance(s, Reduce):
+            out = Reduce(s.op, names.get(s.var, s.var), substitute(s.extent, env), go(s.body), s.dtype)
+        elif isinstance(s, Bind):
+            out = Bind(names.get(s.var, s.var), go(s.value), go(s.body), s.dtype)
+        else:
+            out = s
+        memo[s] = out
+        return out
+    return go(value)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from ..ir.ops import ELEMENTWISE, IOTA_INDEX, REDUCE, VIEWS, Op
 from ..ir.symbolic import Expr, prod, sym
 from .index import interval, linear, reshape_index, substitute
 from .kernel import (Apply, Bind, BufferArg, Const, InRange, IndexValue, Kernel, Load, Reduce,
-                     Scalar, Write, split_reductions)
+                     Scalar, Write, inner_vars, renamed, split_reductions)
 
 
 @dataclass(frozen=True)
@@ -456,56 +456,20 @@ def _joined(a: Kernel, b: Kernel) -> Kernel:
     """One kernel over a's loops writing a's output and b's: b's loop variables renamed to a's,
     its reduction and bind variables given names of their own."""
     names = {vb: va for (va, _), (vb, _) in zip(a.loops, b.loops)}
-    for var in _inner_vars(b.value):
+    for var in inner_vars(b.value):
         names[var] = f"{var}b"
     # a reduction both compute (the norm's sum of squares that Q and K both read) runs once
     once_a = split_reductions(a.value)[0]
     for reduce in split_reductions(b.value)[0]:
-        twin = next((r for r in once_a if _renamed(reduce, {**names, reduce.var: r.var}) == r), None)
+        twin = next((r for r in once_a if renamed(reduce, {**names, reduce.var: r.var}) == r), None)
         if twin is not None:
             names[reduce.var] = twin.var
-    value, store = _renamed(b.value, names), substitute(b.store, {k: sym(v) for k, v in names.items()})
+    value, store = renamed(b.value, names), substitute(b.store, {k: sym(v) for k, v in names.items()})
     inputs = {x.name: x for x in (*a.inputs, *b.inputs)}
     bounds = dict.fromkeys(sorted({*a.bounds, *b.bounds}))
     return Kernel(a.output, tuple(inputs.values()), a.loops, a.store, a.value,
                   tuple(sorted({*a.symbols, *b.symbols})), tuple(bounds), f"{a.label}+{b.label}",
                   also=(Write(b.output, store, value),))
-
-
-def _inner_vars(value: Scalar) -> set[str]:
-    found, stack = set(), [value]
-    while stack:
-        s = stack.pop()
-        if isinstance(s, (Reduce, Bind)):
-            found.add(s.var)
-        stack.extend(s.children())
-    return found
-
-
-def _renamed(value: Scalar, names: dict[str, str]) -> Scalar:
-    env = {k: sym(v) for k, v in names.items()}
-    memo: dict[Scalar, Scalar] = {}
-
-    def go(s: Scalar) -> Scalar:
-        if s in memo:
-            return memo[s]
-        if isinstance(s, Load):
-            out = Load(s.buffer, substitute(s.index, env), s.dtype)
-        elif isinstance(s, IndexValue):
-            out = IndexValue(substitute(s.expr, env), s.dtype)
-        elif isinstance(s, InRange):
-            out = InRange(substitute(s.expr, env), substitute(s.lo, env), substitute(s.hi, env))
-        elif isinstance(s, Apply):
-            out = Apply(s.op, tuple(go(a) for a in s.args), s.dtype)
-        elif isinstance(s, Reduce):
-            out = Reduce(s.op, names.get(s.var, s.var), substitute(s.extent, env), go(s.body), s.dtype)
-        elif isinstance(s, Bind):
-            out = Bind(names.get(s.var, s.var), go(s.value), go(s.body), s.dtype)
-        else:
-            out = s
-        memo[s] = out
-        return out
-    return go(value)
 
 
 def _merged_well(kernel: Kernel) -> bool:

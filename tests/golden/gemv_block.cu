@@ -26,7 +26,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_block(float* __restrict__
     acc6 = kiln_shared6[0];
     for (int kiln_w = 1; kiln_w < 8; kiln_w++) acc6 = acc6 + kiln_shared6[kiln_w];
     __syncthreads();
-    const float t7 = (float)acc6;
-    if (kiln_lane == 0 && kiln_slot < kiln_points) b48[(i1)] = t7;
+    const float t8 = (float)acc6;
+    if (kiln_lane == 0 && kiln_slot < kiln_points) b48[(i1)] = t8;
   }
 }
