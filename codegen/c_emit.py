@@ -8,13 +8,14 @@ from ..ir.dtypes import DType, accumulator
 from ..ir.ops import ELEMENTWISE, Op
 from ..ir.symbolic import Call, Expr
 from .kernel import (Apply, Bind, Const, InRange, IndexValue, Kernel, KernelConfig, Load, Reduce,
-                     Scalar, free_vars, renamed)
+                     Scalar, free_vars, renamed, staged_rows)
 
 # storage types; f16/bf16 are stored as their bits and computed in float
 STORAGE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DType.I32: "int32_t",
            DType.I64: "int64_t", DType.BOOL: "bool"}
 COMPUTE = {**STORAGE, DType.F16: "float", DType.BF16: "float"}
 _UNSIGNED = {DType.I32: "uint32_t", DType.I64: "uint64_t"}
+_STAGING_LEVEL = 1000        # the loop levels of staging loops, past any kernel's own
 LOWEST = {DType.I32: "INT32_MIN", DType.I64: "INT64_MIN", DType.BOOL: "false"}   # MaxReduce's start;
 # floats start at -INFINITY
 
@@ -165,6 +166,8 @@ class _Body:
         self.count = 0
         self.reductions, self.binds = _reductions_and_binds(values)
         self.active: set[Reduce] = set()       # reductions whose loops are being emitted
+        self.rows: dict[Scalar, int] = {}      # rows to stage (kernel.staged_rows) -> their lengths
+        self.staged: dict[Scalar, str] = {}    # a staged row -> the array holding it
 
     def level_of(self, names) -> int:
         return max((self.level.get(n, 0) for n in names), default=0)
@@ -238,6 +241,54 @@ class _Body:
         """What the dialect puts before a reduction's loop (vectorization, unrolling)."""
         return []
 
+    def stage(self, members: list[Reduce], var: str, level: int, width: int = 1,
+              outer: list[str] | None = None) -> set[Scalar]:
+        """Each staged row the members' bodies hold (renamed to `var`), computed into an array
+        before the points' loop, then read from it at `var` in the loop being emitted at `level`.
+        Returns the rows' subexpressions."""
+        found = set()
+        for body in (r.body for r in members):
+            stack = [body]
+            while stack:
+                x = stack.pop()
+                if x in found:
+                    continue
+                key = renamed(x, {var: "kiln_row"}) if isinstance(x, Apply) and self.rows else None
+                if key not in self.rows:
+                    stack.extend(x.children())
+                    continue
+                found.add(x)
+                self.memo[x] = self.staged_read(self.staged_array(key), var, level, width, outer)
+        return found
+
+    def staged_read(self, array: str, var: str, level: int, width: int, outer) -> tuple[str, int]:
+        return f"{array}[{var}]", level
+
+    def staged_array(self, row: Scalar) -> str:
+        """The array holding `row`, filled before the points' loop (what the row reads of no
+        step, the norm's scale, is computed before that)."""
+        if row not in self.staged:
+            name = f"kiln_stage{len(self.staged)}"
+            level = _STAGING_LEVEL + len(self.staged)
+            lines: list[str] = []
+            saved_memo = dict(self.memo)
+            self.blocks[level], self.level["kiln_row"] = lines, level
+            value, _ = self.emit(row)
+            del self.blocks[level], self.level["kiln_row"]
+            self.memo = {k: v for k, v in self.memo.items() if k in saved_memo or v[1] < _STAGING_LEVEL}
+            self.staging(name, self.rows[row], lines, value)
+            self.staged[row] = name
+        return self.staged[row]
+
+    def staging(self, name: str, extent: int, lines: list[str], value: str) -> None:
+        """The dialect's loop that fills a staged row's array, before the points' loop."""
+        first = self.blocks[0]
+        first.append(f"float {name}[{extent}];")
+        first.append(f"for (int64_t kiln_row = 0; kiln_row < {extent}; kiln_row++) {{")
+        first.extend("  " + line for line in lines)
+        first.append(f"  {name}[kiln_row] = (float){value};")
+        first.append("}")
+
     def reduce(self, s: Reduce) -> tuple[str, int]:
         group = self.siblings(s)
         level = self.level_of(free_vars(s, self.vars_memo))
@@ -246,8 +297,10 @@ class _Body:
         inner: list[str] = []
         self.blocks[inner_level] = inner
         self.level[s.var] = inner_level
+        members = [renamed(r, {r.var: s.var}) for r in group]
+        self.stage(members, s.var, inner_level)
         self.active.update(group)
-        values = [self.emit(renamed(r, {r.var: s.var}).body)[0] for r in group]
+        values = [self.emit(r.body)[0] for r in members]
         self.active.difference_update(group)
         self.blocks[inner_level] = saved_block if saved_block is not None else []
         # temps made inside the loop are gone after it
@@ -319,6 +372,7 @@ def emit_c(kernel: Kernel, config: KernelConfig, name: str) -> str:
     """One C function `void name(out, in..., const int64_t* sym)` for the kernel."""
     loops = ordered_loops(kernel, config)
     body = _CBody(loops, config, tuple(w.value for w in kernel.writes))
+    body.rows = staged_rows(kernel)
     n = len(loops)
     for write in kernel.writes:
         value, _ = body.emit(write.value)

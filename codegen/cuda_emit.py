@@ -14,7 +14,7 @@ from ..ir.ops import Op
 from ..ir.symbolic import Expr, sym
 from .c_emit import COMPUTE, LOWEST, SHARED_HELPERS, STORAGE, _Body, index_code, store_code
 from .index import substitute
-from .kernel import Kernel, Load, Reduce, Scalar, free_vars, renamed, split_reductions
+from .kernel import Kernel, Load, Reduce, Scalar, free_vars, renamed, split_reductions, staged_rows
 
 PRELUDE = r"""
 #ifdef __CUDACC_RTC__
@@ -90,26 +90,33 @@ class CudaConfig:
     thread reads per step of its reduction. `across`: a group's threads lie `block / group` apart,
     so that neighbouring threads take neighbouring points and read a row that runs along the
     points, not along the reduction, in one coalesced access (attention's P.V reads the V cache
-    down its columns); they combine through shared memory."""
+    down its columns); they combine through shared memory. `stage`: what a shared reduction's steps
+    compute from its variable alone (the normalized row a norm-merged GEMV reads) is computed once
+    per block into shared memory before the points, not once per point."""
     block: int = 256
     group: int = 1
     vector: int = 1
     across: bool = False
+    stage: bool = False
 
     @property
     def points_per_block(self) -> int:
         return self.block // self.group
 
     def key(self) -> str:
-        return f"block{self.block}-group{self.group}-vector{self.vector}" + ("-across" if self.across else "")
+        return (f"block{self.block}-group{self.group}-vector{self.vector}" + ("-across" if self.across else "")
+                + ("-stage" if self.stage else ""))
 
     def to_json(self) -> dict:
-        return {"block": self.block, "group": self.group, "vector": self.vector, "across": self.across}
+        return {"block": self.block, "group": self.group, "vector": self.vector, "across": self.across,
+                "stage": self.stage}
 
     @staticmethod
     def from_json(data: dict) -> CudaConfig:
         return CudaConfig(int(data["block"]), int(data["group"]), int(data["vector"]),
-                          bool(data.get("across", False)))
+                          bool(data.get("across", False)), bool(data.get("stage", False)))
+
+
 
 
 def point_reductions(kernel: Kernel) -> list[Reduce]:
@@ -149,14 +156,19 @@ def config_space(kernel: Kernel) -> list[CudaConfig]:
         # a load runs across the reduction (the V cache under P.V): threads along the points
         space += [CudaConfig(block, block // 64, 1, across=True) for block in (256, 512, 1024)]
     space += [CudaConfig(256, 1, 1), CudaConfig(256, 32, 1), CudaConfig(256, 256, 1)]
+    if staged_rows(kernel):   # staged, second: several points a block share the rows they stage
+        staged = [CudaConfig(256, 32, width, stage=True), CudaConfig(512, 32, width, stage=True),
+                  CudaConfig(256, 8, width, stage=True)]
+        space = space[:1] + staged + space[1:]
     return list(dict.fromkeys(space))
 
 
-def _loads(s: Scalar) -> list[Load]:
+def _loads(s: Scalar, skip: set[Scalar] = frozenset()) -> list[Load]:
+    """The loads in `s`, those inside the subexpressions `skip` aside."""
     out, stack, seen = [], [s], set()
     while stack:
         x = stack.pop()
-        if id(x) in seen:
+        if id(x) in seen or x in skip:
             continue
         seen.add(id(x))
         if isinstance(x, Load):
@@ -187,6 +199,7 @@ class _CudaBody(_Body):
         self.cooperative = set(point_reductions(kernel)) if config.group > 1 or config.vector > 1 else set()
         self.vectors: dict[Load, tuple[str, int]] = {}   # a load read as one lane of a vector
         self.shared: list[str] = []
+        self.rows = staged_rows(kernel) if config.stage else {}
 
     def emit(self, s: Scalar):
         if isinstance(s, Load) and s in self.vectors:
@@ -215,8 +228,9 @@ class _CudaBody(_Body):
         self.level[s.var] = inner_level
         # each shared loop reads vectors where all its rows allow the config's width
         width = config.vector if all(vector_width(r) >= config.vector for r in members) else 1
+        staged = self.stage(members, s.var, inner_level, width, outer)
         if width > 1:   # 16-byte loads of the contiguous rows, once per step
-            for load in dict.fromkeys(l for r in members for l in _loads(r.body)):
+            for load in dict.fromkeys(l for r in members for l in _loads(r.body, staged)):
                 if _stride(load.index, s.var) != 1 or load in self.vectors:
                     continue
                 self.count += 1
@@ -275,6 +289,24 @@ class _CudaBody(_Body):
         for r, result in zip(group_of[1:], results[1:]):
             self.memo[r] = result
         return results[0]
+
+    def staged_read(self, array: str, var: str, level: int, width: int, outer: list[str]) -> tuple[str, int]:
+        if width == 1:
+            return f"{array}[{var}]", level
+        self.count += 1      # `width` at a time, one vector read a step
+        name = f"kv{self.count}"
+        outer.append(f"float {name}[{width}]; {_VECTOR[(DType.F32, width)]}({name}, {array} + kiln_base);")
+        return f"{name}[kiln_v]", level
+
+    def staging(self, name: str, extent: int, lines: list[str], value: str) -> None:
+        """All the block's threads fill the shared array, then wait for one another."""
+        self.shared.append(f"__shared__ __align__(16) float {name}[{extent}];")
+        first = self.blocks[0]
+        first.append(f"for (int64_t kiln_row = threadIdx.x; kiln_row < {extent}; kiln_row += {self.config.block}) {{")
+        first.extend("  " + line for line in lines)
+        first.append(f"  {name}[kiln_row] = (float){value};")
+        first.append("}")
+        first.append("__syncthreads();")
 
     def _combine(self, acc: str, acc_type: str, combine: str, level: int, block: list[str]) -> str:
         """The group's partial values of one accumulator combined, in every thread of the group."""

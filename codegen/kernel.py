@@ -283,6 +283,35 @@ def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:20]
 
 
+STAGE_BYTES = 32 * 1024      # staged rows' floats: within the 48 KB of shared memory a CUDA block may hold
+
+
+def staged_rows(kernel: Kernel) -> dict[Scalar, int]:
+    """The rows worth staging, with their lengths: in a reduction computed once per point, of known
+    extent, inside the points' loop, each largest subexpression that reads the reduction's
+    variable and nothing else of the loops (every point reads the same row: a norm-merged GEMV's
+    normalized input), with arithmetic in it, while their floats fit in STAGE_BYTES. An emitter
+    computes them once, before the points' loop, instead of once per point. A row's variable is
+    renamed kiln_row."""
+    memo: dict = {}
+    found: dict[Scalar, int] = {}
+    for reduce in split_reductions(*(w.value for w in kernel.writes))[0]:
+        if not reduce.extent.is_const or not free_vars(reduce, memo) - set(kernel.symbols):
+            continue          # a row of unknown length, or a reduction before the points' loop
+        stack = [reduce.body]
+        while stack:
+            x = stack.pop()
+            names = free_vars(x, memo) - set(kernel.symbols)
+            if names == {reduce.var} and isinstance(x, Apply) and x.dtype.is_float:
+                key = renamed(x, {reduce.var: "kiln_row"})
+                if key not in found and sum(found.values(), reduce.extent.value) * 4 <= STAGE_BYTES:
+                    found[key] = reduce.extent.value
+                continue
+            if reduce.var in names:
+                stack.extend(x.children())
+    return found
+
+
 def traffic_bytes(kernel: Kernel, env: dict[str, int]) -> int:
     """The fewest bytes a kernel moves: its output once, and each input once, or only as many
     elements as its loads execute where that is fewer (a gather reads the rows it picks, not the

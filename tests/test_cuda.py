@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import kiln
-from kiln.codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda
+from kiln.codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda, point_reductions
 from kiln.codegen.library import LibraryConfig, is_library
 from kiln.codegen.schedule import POLICIES, schedule
 from kiln.frontend.hf import load_lowered, lower_causal_lm
@@ -82,6 +82,21 @@ def test_every_template_configuration_compiles_with_nvcc(tiny_kernels, tmp_path)
     assert "ld.global.v4" in ptx or "ld.global.nc.v4" in ptx     # the 16-byte vector loads are there
 
 
+def test_a_staged_configuration_computes_a_shared_row_once_per_block(tiny_kernels):
+    """With the norm merged into gate and up, every row's threads would recompute the normalized
+    input; staged, the block computes it once into shared memory before the points' loop, and the
+    products read it there (the GPU tests check every such configuration against the
+    interpreter)."""
+    kernel = next(k for k in tiny_kernels if k.label == "Cast[1, 1, 64]" and len(point_reductions(k)) == 3)
+    space = config_space(kernel)
+    assert space[1].stage and space[1].points_per_block > 1
+    before, loop = emit_cuda(kernel, space[1], "k").split("kiln_points =")
+    assert "kiln_stage0[kiln_row] =" in before and before.rstrip().endswith("const int64_t")
+    assert "__syncthreads();" in before and "kiln_stage0 + kiln_base" in loop and "kiln_row" not in loop
+    plain = emit_cuda(kernel, space[0], "k")
+    assert "kiln_stage" not in plain
+
+
 def test_every_lane_reaches_every_warp_shuffle(tiny_kernels):
     """A full-mask shuffle that only some lanes reach never completes: a max's combine branches
     per lane, so the shuffle must be taken once, in a statement of its own, before it."""
@@ -94,7 +109,6 @@ def test_every_lane_reaches_every_warp_shuffle(tiny_kernels):
 
 def _golden_cases(kernels):
     """A GEMV-like reduction (the widest kernel with a reduction) and an elementwise kernel."""
-    from kiln.codegen.cuda_emit import point_reductions
     reducing = [k for k in kernels if point_reductions(k)]
     gemv = max(reducing, key=lambda k: k.reduce_extent.value if k.reduce_extent is not None
                and k.reduce_extent.is_const else 0)
