@@ -7,12 +7,12 @@ Subexpressions are hoisted exactly as on the CPU (the C emitter's scalar body); 
 stored as bits and computed in f32."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..ir.dtypes import DType, accumulator
 from ..ir.ops import Op
 from ..ir.symbolic import Expr, sym
-from .c_emit import COMPUTE, LOWEST, SHARED_HELPERS, STORAGE, _Body, index_code, store_code
+from .c_emit import COMPUTE, LOWEST, SHARED_HELPERS, STORAGE, _Body, _inside, index_code, store_code
 from .index import substitute
 from .kernel import Kernel, Load, Reduce, Scalar, free_vars, renamed, split_reductions, staged_rows
 
@@ -92,12 +92,17 @@ class CudaConfig:
     points, not along the reduction, in one coalesced access (attention's P.V reads the V cache
     down its columns); they combine through shared memory. `stage`: what a shared reduction's steps
     compute from its variable alone (the normalized row a norm-merged GEMV reads) is computed once
-    per block into shared memory before the points, not once per point."""
+    per block into shared memory before the points, not once per point. `split`: the reduction's
+    steps are shared among `split` blocks (split-K, flash-decoding's split of the context), each
+    writing its partial value to scratch memory; the last of them to arrive combines the partials in
+    order and finishes the point, so a few long reductions (P.V over a long context, a 512-row GEMV)
+    fill the GPU in one launch."""
     block: int = 256
     group: int = 1
     vector: int = 1
     across: bool = False
     stage: bool = False
+    split: int = 1
 
     @property
     def points_per_block(self) -> int:
@@ -105,16 +110,17 @@ class CudaConfig:
 
     def key(self) -> str:
         return (f"block{self.block}-group{self.group}-vector{self.vector}" + ("-across" if self.across else "")
-                + ("-stage" if self.stage else ""))
+                + ("-stage" if self.stage else "") + (f"-split{self.split}" if self.split > 1 else ""))
 
     def to_json(self) -> dict:
         return {"block": self.block, "group": self.group, "vector": self.vector, "across": self.across,
-                "stage": self.stage}
+                "stage": self.stage, "split": self.split}
 
     @staticmethod
     def from_json(data: dict) -> CudaConfig:
         return CudaConfig(int(data["block"]), int(data["group"]), int(data["vector"]),
-                          bool(data.get("across", False)), bool(data.get("stage", False)))
+                          bool(data.get("across", False)), bool(data.get("stage", False)),
+                          int(data.get("split", 1)))
 
 
 
@@ -124,6 +130,38 @@ def point_reductions(kernel: Kernel) -> list[Reduce]:
     value reads no variable of a reduction around them (a GEMV, and the norm or softmax statistics
     merged into it), outermost first."""
     return split_reductions(*(w.value for w in kernel.writes))[0]
+
+
+def splittable(kernel: Kernel) -> bool:
+    """Whether a `split` configuration can share the kernel's reductions among blocks: its points
+    are fixed in number (the scratch for their partials is allocated once), and its reductions
+    per point run in one loop (one extent, none reading another: a GEMV, P.V, softmax's max), so
+    that one arrival per block finishes them all. Softmax merged into P.V is not: its sum needs the
+    whole max first."""
+    reductions = point_reductions(kernel)
+    if not reductions or not all(e.is_const for _, e in kernel.loops):
+        return False
+    loop_vars = {v for v, _ in kernel.loops}
+    return all(r.extent == reductions[0].extent and free_vars(r, {}) & loop_vars
+               and not any(other is not r and _inside(r, other) for other in reductions)
+               for r in reductions)
+
+
+# the bytes of one partial value in a split configuration's scratch (the widest accumulator)
+PARTIAL_BYTES = 8
+
+
+def split_scratch(kernel: Kernel, config: CudaConfig) -> tuple[int, int]:
+    """What a split configuration's launch needs besides the kernel's buffers: the bytes of its
+    partial values (per point, per reduction, per part) and its count of arrival counters (one per
+    block's worth of points, zero between launches: the last block to arrive resets its own)."""
+    if config.split == 1:
+        return 0, 0
+    points = 1
+    for _, e in kernel.loops:
+        points *= e.value
+    reductions = len(point_reductions(kernel))
+    return points * reductions * config.split * PARTIAL_BYTES, -(-points // config.points_per_block)
 
 
 def vector_width(reduce: Reduce) -> int:
@@ -160,7 +198,22 @@ def config_space(kernel: Kernel) -> list[CudaConfig]:
         staged = [CudaConfig(256, 32, width, stage=True), CudaConfig(512, 32, width, stage=True),
                   CudaConfig(256, 8, width, stage=True)]
         space = space[:1] + staged + space[1:]
+    if splittable(kernel) and _few_blocks(kernel, space[0]):
+        # split next: the first configuration, and the first that reads across, in 4 and 16 parts
+        bases = [space[0]] + [c for c in space if c.across][:1]
+        space = space[:1] + [replace(c, split=parts) for c in bases for parts in (4, 16)] + space[1:]
     return list(dict.fromkeys(space))
+
+
+# fewer blocks than this leave SMs idle on a large GPU (the H200 has 132): a split may fill them
+_SPLIT_BELOW_BLOCKS = 512
+
+
+def _few_blocks(kernel: Kernel, config: CudaConfig) -> bool:
+    points = 1
+    for _, e in kernel.loops:
+        points *= e.value
+    return points * config.group < _SPLIT_BELOW_BLOCKS * config.block
 
 
 def _loads(s: Scalar, skip: set[Scalar] = frozenset()) -> list[Load]:
@@ -196,7 +249,8 @@ class _CudaBody(_Body):
     def __init__(self, kernel: Kernel, config: CudaConfig):
         super().__init__([("kiln_point", Expr.of(1))], config, tuple(w.value for w in kernel.writes))
         self.level.update({v: 1 for v, _ in kernel.loops})
-        self.cooperative = set(point_reductions(kernel)) if config.group > 1 or config.vector > 1 else set()
+        self.cooperative = (set(point_reductions(kernel))
+                            if config.group > 1 or config.vector > 1 or config.split > 1 else set())
         self.vectors: dict[Load, tuple[str, int]] = {}   # a load read as one lane of a vector
         self.shared: list[str] = []
         self.rows = staged_rows(kernel) if config.stage else {}
@@ -259,15 +313,26 @@ class _CudaBody(_Body):
             accs.append((acc, acc_type))
             updates.append(f"{acc} = {combine.format(a=acc, b=f'({acc_type}){value}')};")
             combines.append(combine)
-        extent, group = index_code(s.extent), config.group
+        extent, group, parts = index_code(s.extent), config.group, config.split
+        begin = ""
+        if parts > 1:   # this block's part of the steps: whole vectors, the last part shorter
+            if set(group_of) != self.cooperative:
+                raise ValueError("a split configuration needs every reduction of a point in one loop")
+            self.count += 1
+            start, end = f"kiln_begin{self.count}", f"kiln_end{self.count}"
+            block.append(f"const int64_t {start} = kiln_part * ((({extent}) + {parts * width - 1}) / "
+                         f"{parts * width} * {width});")
+            block.append(f"const int64_t {end} = kiln_min({start} + ((({extent}) + {parts * width - 1}) / "
+                         f"{parts * width} * {width}), {extent});")
+            begin, extent = f"{start} + ", end
         # unrolled, so that each thread has several loads in flight: one at a time leaves a
         # memory-bound reduction (a GEMV) far from the bandwidth; wholly where the steps are few
         # and known (the H200 probe: a warp-per-row GEMV 2048 -> 8192 took 9.9 us unrolled
         # wholly with 32-bit indices, 11.6 us unrolled by 4 with 64-bit ones)
-        steps = -(-s.extent.value // (group * width)) if s.extent.is_const else None
+        steps = -(-s.extent.value // (group * width * parts)) if s.extent.is_const else None
         block.append("#pragma unroll" if steps is not None and steps <= 16 else "#pragma unroll 4")
         if width > 1:
-            block.append(f"for (int64_t kiln_base = kiln_lane * {width}; kiln_base < {extent}; "
+            block.append(f"for (int64_t kiln_base = {begin}kiln_lane * {width}; kiln_base < {extent}; "
                          f"kiln_base += {group * width}) {{")
             block.extend("  " + line for line in outer)
             block.append("  #pragma unroll")
@@ -278,17 +343,45 @@ class _CudaBody(_Body):
             block.append("  }")
             block.append("}")
         else:
-            block.append(f"for (int64_t {s.var} = kiln_lane; {s.var} < {extent}; {s.var} += {group}) {{")
+            block.append(f"for (int64_t {s.var} = {begin}kiln_lane; {s.var} < {extent}; {s.var} += {group}) {{")
             block.extend("  " + line for line in outer + inner)
             block.extend("  " + update for update in updates)
             block.append("}")
         results = [self._combine(acc, acc_type, combine, level, block)
                    for (acc, acc_type), combine in zip(accs, combines)]
+        if parts > 1:
+            self._finish_split(accs, combines, block)
         results = [(self.temp(f"({COMPUTE[r.dtype]}){acc}", r.dtype, level), level)
                    for r, acc in zip(members, results)]
         for r, result in zip(group_of[1:], results[1:]):
             self.memo[r] = result
         return results[0]
+
+    def _finish_split(self, accs: list[tuple[str, str]], combines: list[str], block: list[str]) -> None:
+        """Each block writes its parts' partial values; the last block of a point's parts to
+        arrive reads them all, in order (the sum does not depend on which block came last), and
+        goes on to finish the point; the others go on to their next points."""
+        parts, count = self.config.split, len(accs)
+
+        def partial(k: int, part: str) -> str:
+            return f"kiln_scratch + {PARTIAL_BYTES} * ((kiln_point * {count} + {k}) * {parts} + {part})"
+        block.append("if (kiln_lane == 0 && kiln_slot < kiln_points) {")
+        block.extend(f"  *({acc_type}*)({partial(k, 'kiln_part')}) = {acc};" for k, (acc, acc_type) in enumerate(accs))
+        block.append("}")
+        block.append("__threadfence();   // the partials visible to the block that arrives last")
+        block.append("__syncthreads();")
+        block.append("if (threadIdx.x == 0) {")
+        block.append(f"  const int64_t kiln_counter = kiln_first / {self.config.points_per_block};")
+        block.append(f"  kiln_last = atomicAdd(kiln_arrivals + kiln_counter, 1u) == {parts - 1}u;")
+        block.append("  if (kiln_last) kiln_arrivals[kiln_counter] = 0u;   // ready for the next launch")
+        block.append("}")
+        block.append("__syncthreads();")
+        block.append("if (!kiln_last) continue;")
+        block.append("__threadfence();")
+        for k, ((acc, acc_type), combine) in enumerate(zip(accs, combines)):
+            first, other = (f"*(volatile {acc_type}*)({partial(k, part)})" for part in ("0", "kiln_p"))
+            block.append(f"{acc} = {first};")
+            block.append(f"for (int kiln_p = 1; kiln_p < {parts}; kiln_p++) {acc} = {combine.format(a=acc, b=other)};")
 
     def staged_read(self, array: str, var: str, level: int, width: int, outer: list[str]) -> tuple[str, int]:
         if width == 1:
@@ -356,6 +449,8 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
     point compute the last point again and store nothing."""
     if (config.group > 1 or config.vector > 1) and not point_reductions(kernel):
         raise ValueError(f"config {config.key()} needs a kernel with a reduction per point")
+    if config.split > 1 and not splittable(kernel):
+        raise ValueError(f"config {config.key()} needs fixed points whose reductions share one loop")
     if config.across:
         if config.block % config.group or config.vector != 1:
             raise ValueError("an across group divides the block and reads no vectors")
@@ -370,7 +465,9 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
     params = [f"{STORAGE[b.dtype]}* __restrict__ {b.name}" for b in kernel.outputs]
     params += [f"const {STORAGE[b.dtype]}* __restrict__ {b.name}" for b in kernel.inputs]
     params.append("const int64_t* __restrict__ kiln_sym")
-    group, per_block = config.group, config.points_per_block
+    if config.split > 1:   # split_scratch's memory, after the symbols
+        params += ["unsigned char* __restrict__ kiln_scratch", "unsigned int* __restrict__ kiln_arrivals"]
+    group, per_block, parts = config.group, config.points_per_block, config.split
     lines = [f'extern "C" __global__ void __launch_bounds__({config.block}) {name}({", ".join(params)}) {{']
     lines += [f"  const int64_t {s} = kiln_sym[{i}];" for i, s in enumerate(kernel.symbols)]
     lines += ["  " + line for line in body.shared]
@@ -381,8 +478,13 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
     lines += ["  " + line for line in body.blocks[0]]
     total = " * ".join(f"({index_code(e)})" for _, e in kernel.loops) or "INT64_C(1)"
     lines.append(f"  const int64_t kiln_points = {total};")
-    lines.append(f"  for (int64_t kiln_first = (int64_t)blockIdx.x * {per_block}; kiln_first < kiln_points; "
-                 f"kiln_first += (int64_t)gridDim.x * {per_block}) {{")
+    if parts > 1:   # blocks come in runs of `parts`: one run per block's worth of points
+        lines.append("  __shared__ bool kiln_last;")
+        lines.append(f"  const int kiln_part = blockIdx.x % {parts};")
+    first, stride = ("(int64_t)blockIdx.x", "(int64_t)gridDim.x") if parts == 1 else \
+        (f"(int64_t)(blockIdx.x / {parts})", f"(int64_t)(gridDim.x / {parts})")
+    lines.append(f"  for (int64_t kiln_first = {first} * {per_block}; kiln_first < kiln_points; "
+                 f"kiln_first += {stride} * {per_block}) {{")
     lines.append("    const int64_t kiln_slot = kiln_first + kiln_offset;")
     lines.append("    const int64_t kiln_point = kiln_slot < kiln_points ? kiln_slot : kiln_points - 1; (void)kiln_point;")
     rest = "kiln_point"

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda
+from ..codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda, split_scratch
 from ..codegen.kernel import Kernel, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
 from ..ir.dtypes import DType
@@ -171,17 +171,24 @@ class CudaBackend:
             return fn.launcher(kernel)
         extents = [e for _, e in kernel.loops]
         fixed = all(e.is_const for e in extents)
+        parts = config.split
 
         def blocks(env) -> int:
             points = 1
             for e in extents:
                 points *= e.value if fixed else e.evaluate(env)
-            return max(1, min(_MAX_BLOCKS, -(-points * config.group // config.block)))
+            runs = min(_MAX_BLOCKS // parts, -(-points * config.group // config.block))
+            return max(1, runs) * parts
         grid = (blocks({}),) if fixed else None
         block = (config.block,)
+        # a split configuration's partials and arrival counters, allocated once here (never
+        # inside a recording), the counters zeroed: each launch leaves them zero again
+        scratch_bytes, counters = split_scratch(kernel, config)
+        extra = (self.cp.empty(scratch_bytes, dtype=self.cp.uint8),
+                 self.cp.zeros(counters, dtype=self.cp.uint32)) if parts > 1 else ()
 
         def launch(args, env):
-            fn(grid or (blocks(env),), block, tuple(args))
+            fn(grid or (blocks(env),), block, (*args, *extra))
         return launch
 
     @staticmethod

@@ -97,6 +97,32 @@ def test_a_staged_configuration_computes_a_shared_row_once_per_block(tiny_kernel
     assert "kiln_stage" not in plain
 
 
+def test_a_split_configuration_shares_a_long_reduction_among_blocks(tiny_kernels):
+    """Few points with long reductions (P.V over the context, a GEMV of few rows) are offered a
+    split: each block reduces its part, and the last block of a point's parts to arrive combines
+    the partials in order and resets its counter for the next launch (the GPU tests check every
+    such configuration against the interpreter, launched twice). Softmax merged into P.V is not
+    offered one: its sum needs the whole max first."""
+    from kiln.codegen.cuda_emit import split_scratch, splittable
+    offered = [k for k in tiny_kernels if any(c.split > 1 for c in config_space(k))]
+    assert any(k.label.startswith("SumReduce") for k in offered)
+    assert any(c.across and c.split > 1 for k in offered for c in config_space(k))   # P.V
+    merged = [k for k in tiny_kernels if len(point_reductions(k)) > 1 and not splittable(k)]
+    assert merged and not any(c.split > 1 for k in merged for c in config_space(k))
+    kernel = offered[0]
+    config = next(c for c in config_space(kernel) if c.split == 4)
+    source = emit_cuda(kernel, config, "k")
+    assert "atomicAdd(kiln_arrivals" in source and "kiln_arrivals[kiln_counter] = 0u" in source
+    assert "if (!kiln_last) continue;" in source and "kiln_p < 4" in source
+    points = int(np.prod([e.value for _, e in kernel.loops]))
+    scratch, counters = split_scratch(kernel, config)
+    assert scratch == points * len(point_reductions(kernel)) * 4 * 8
+    assert counters == -(-points // config.points_per_block)
+    assert split_scratch(kernel, config_space(kernel)[0]) == (0, 0)
+    with pytest.raises(ValueError, match="split"):
+        emit_cuda(merged[0], CudaConfig(256, 32, 1, split=4), "k")
+
+
 def test_every_lane_reaches_every_warp_shuffle(tiny_kernels):
     """A full-mask shuffle that only some lanes reach never completes: a max's combine branches
     per lane, so the shuffle must be taken once, in a statement of its own, before it."""
@@ -273,13 +299,16 @@ def test_every_configuration_of_every_decode_kernel_equals_the_interpreter(polic
     checked = set()
     for j in range(max(len(s) for s in spaces)):
         configs = [s[min(j, len(s) - 1)] for s in spaces]
-        got = Executor(graph, program, configs, backend, reuse=False).trace(*[np.copy(a) for a in args])
-        for kernel, config, name in zip(program.kernels, configs, names):
-            problem = mismatch(got[name], want[name], rtol)
-            assert not problem, f"{kernel.label} [{config.key()}]: {problem}"
-            checked.add((kernel.label, config.key()))
+        executor = Executor(graph, program, configs, backend, reuse=False)
+        for launch in range(2):   # a split configuration's counters are left ready for the next
+            got = executor.trace(*[np.copy(a) for a in args])
+            for kernel, config, name in zip(program.kernels, configs, names):
+                problem = mismatch(got[name], want[name], rtol)
+                assert not problem, f"{kernel.label} [{config.key()}], launch {launch + 1}: {problem}"
+                checked.add((kernel.label, config.key()))
     keys = {key for _, key in checked}
     assert any("across" in k for k in keys) and any("group8-" in k for k in keys)
+    assert any("split" in k for k in keys)
 
 
 @pytest.mark.parametrize("source", list(DType), ids=repr)
