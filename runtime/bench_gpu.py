@@ -104,7 +104,7 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
                           lowered=lowered)
     result["kiln_compile_s"] = time.perf_counter() - t0
     _log(result, json_path, "kiln_compile_s")
-    decode = compiled.graphs["decode"]
+    decode = compiled.decode_graph(start_pos)
     caches = compiled._zero_caches()
     kiln_logits = []
 
@@ -114,10 +114,17 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
             kiln_logits.append(decode.backend.to_host(out[0], decode.graph.outputs[0].dtype))
     result["kiln_decode_tokens_per_s"] = _decode_rate(kiln_step, tokens)
     for pos in positions:       # a step's cost as the context grows (attention reads the window)
-        rate = _decode_rate(lambda k: decode(*decode_args(decode.graph, np.array([[ids[k % len(ids)]]]), pos + k, caches)),
-                            AT_POSITION_TOKENS)
+        at = compiled.decode_graph(pos)
+        name = next(n for n, g in compiled.graphs.items() if g is at)
+
+        def step_at(k: int, at=at, pos=pos) -> None:
+            at(*decode_args(at.graph, np.array([[ids[k % len(ids)]]]), pos + k, caches))
+        rate = _decode_rate(step_at, AT_POSITION_TOKENS)
         result.setdefault("kiln_decode_tokens_per_s_at", {})[str(pos)] = rate
-        print(f"  kiln decode at position {pos}: {rate:.1f} tok/s", flush=True)
+        inside = _kernels_inside_a_step(step_at, 0, compiled.report["graphs"][name])
+        result.setdefault("kiln_decode_at", {})[str(pos)] = {"program": name, "kernels": at.kernel_count,
+                                                             "in_graph": inside}
+        print(f"  kiln decode at position {pos}: {rate:.1f} tok/s ({name}, {at.kernel_count} kernels)", flush=True)
     result["kiln_kernels_per_token"] = decode.kernel_count
     result["kiln_decode_replays_a_graph"] = decode._recording is not None
     regions = compiled.report["graphs"]["decode"]["regions"]

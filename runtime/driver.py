@@ -27,6 +27,7 @@ from .model import CompiledModel, fingerprint, make_backend
 TUNE_SEQ = 32             # the prompt length decode's caches come from, and prefill's first bucket
 LONG_PROMPT = 512         # ... and the length of the second prefill bucket (where max_seq has room)
 DECODE_SHARE = 0.6        # of the budget: decode is what serving repeats
+LONG_CONTEXT = 1024       # decode from this position on runs a program tuned on a long context
 
 
 def _journal_path(out: Path) -> Path:
@@ -146,7 +147,8 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
     # decode is tuned on the caches a real prompt leaves (the reference interpreter's prefill)
     _, caches = hf.prefill(lowered, prompt)
     token = rng.integers(0, lowered.vocab_size, size=(1, 1), dtype=np.int64)
-    decode_args = decode.decode_args(lowered.decode, token, tune_seq, caches)
+    decode_programs = decode_buckets(max_seq)
+    decode_s = seconds * DECODE_SHARE / len(decode_programs)
     what = hashlib.sha256(f"lm {type(model).__name__} {model.config.to_json_string()} {max_seq} "
                           f"{backend}".encode()).hexdigest()[:16]
     compile_id = compile_id_for(out, resume, what, db)
@@ -157,13 +159,15 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
                for name, n in buckets.items()}
     prefill_s = seconds * (1 - DECODE_SHARE) / len(buckets)
     compiled, reports, hardware = _search(
-        {"decode": (lowered.decode, decode_args, seconds * DECODE_SHARE),
+        {**{name: (lowered.decode, decode.decode_args(lowered.decode, token, pos, caches), decode_s)
+            for name, (pos, _) in decode_programs.items()},
          **{name: (lowered.prefill, [prompts[name]], prefill_s) for name in buckets}},
         backend, db, compile_id, seed, progress, max_candidates)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     info = {"vocab_size": lowered.vocab_size, "max_seq": max_seq,
             "cache_shape": list(lowered.cache.shape), "cache_dtype": kiln_dtype(lowered.cache.dtype).value,
             "layers": lowered.cache.layers, "eos_token_id": eos, "prefill_buckets": buckets,
+            "decode_buckets": {name: start for name, (_, start) in decode_programs.items()},
             "architecture": type(model).__name__, "budget_s": seconds}
     result = CompiledModel("lm", compiled, info, hardware, tokenizer, {"graphs": reports})
     if out is not None:
@@ -179,6 +183,18 @@ def prefill_buckets(max_seq: int) -> dict[str, int]:
     short = max(2, min(TUNE_SEQ, max_seq - 1))
     long = min(LONG_PROMPT, max_seq - 1)
     return {"prefill": short, **({f"prefill_{long}": long} if long >= 4 * short else {})}
+
+
+def decode_buckets(max_seq: int) -> dict[str, tuple[int, int]]:
+    """The decode programs a causal LM gets, by graph name: (the position it is tuned at, the
+    first position it serves). "decode" is tuned at TUNE_SEQ; where max_seq holds more than twice
+    LONG_CONTEXT, "decode_long" serves positions from LONG_CONTEXT on, tuned halfway between it and
+    max_seq: attention's choices (a context split among blocks, softmax merged into P.V or apart)
+    that win over 33 positions lose over thousands, and the other way round."""
+    programs = {"decode": (max(2, min(TUNE_SEQ, max_seq - 1)), 0)}
+    if max_seq > 2 * LONG_CONTEXT:
+        programs["decode_long"] = ((LONG_CONTEXT + max_seq) // 2, LONG_CONTEXT)
+    return programs
 
 
 def compile(module, args: tuple, dynamic_shapes=None, backend: str = "cpu",

@@ -42,7 +42,8 @@ def fingerprint(backend_name: str) -> dict:
 
 class CompiledModel:
     """`kind` "lm": graphs "decode" and "prefill" (plus "prefill_N", tuned at N tokens; `info`
-    "prefill_buckets" names them) sharing a static KV cache (`info` holds vocab_size, max_seq,
+    "prefill_buckets" names them; and "decode_long", tuned on a long context, `info`
+    "decode_buckets" giving the position it serves from) sharing a static KV cache (`info` holds vocab_size, max_seq,
     cache_shape, layers...); kind "module": one graph "forward"."""
 
     def __init__(self, kind: str, graphs: dict[str, CompiledGraph], info: dict[str, Any],
@@ -101,8 +102,14 @@ class CompiledModel:
         fits = [(n, name) for name, n in buckets.items() if n >= length]
         return self.graphs[min(fits)[1] if fits else max((n, name) for name, n in buckets.items())[1]]
 
+    def decode_graph(self, pos: int) -> CompiledGraph:
+        """The decode program for a step at `pos`: the one whose positions start latest at or
+        before it ("decode" from 0, "decode_long" from info's decode_buckets)."""
+        buckets = self.info.get("decode_buckets", {"decode": 0})
+        return self.graphs[max((start, name) for name, start in buckets.items() if start <= pos)[1]]
+
     def _decode(self, ids: np.ndarray, pos: int, caches: list) -> np.ndarray:
-        graph = self.graphs["decode"]
+        graph = self.decode_graph(pos)
         logits, *_ = graph(*decode_args(graph.graph, ids, pos, caches))
         return graph.backend.to_host(logits, graph.graph.outputs[0].dtype)
 

@@ -338,6 +338,32 @@ def test_prefill_buckets_follow_max_seq():
     assert prefill_buckets(16) == {"prefill": 15}
 
 
+def test_decode_buckets_follow_max_seq():
+    from kiln.runtime.driver import decode_buckets
+    assert decode_buckets(704) == {"decode": (32, 0)}                # no long context to tune for
+    assert decode_buckets(2048) == {"decode": (32, 0)}
+    assert decode_buckets(4096) == {"decode": (32, 0), "decode_long": (2560, 1024)}
+    assert decode_buckets(16) == {"decode": (15, 0)}
+
+
+@pytest.mark.slow
+def test_decode_past_a_long_context_runs_the_program_tuned_there(tmp_path):
+    """With room for a long context, steps from position 1,024 on run the decode program tuned
+    at 1,570 positions; greedy tokens across the switch equal transformers'."""
+    model = tiny_llama(1, seed=6, max_position_embeddings=4096)
+    compiled = kiln.compile_lm(model, max_seq=2116, budget="10s", db=tmp_path / "tune.sqlite",
+                               out=tmp_path / "artifact", progress=False)
+    assert compiled.info["decode_buckets"] == {"decode": 0, "decode_long": 1024}
+    loaded = kiln.load(tmp_path / "artifact")
+    assert loaded.decode_graph(1023) is loaded.graphs["decode"]
+    assert loaded.decode_graph(1024) is loaded.graphs["decode_long"]
+    ids = np.random.default_rng(4).integers(0, 64, 1020).tolist()
+    with torch.no_grad():
+        want = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              max_new_tokens=8, do_sample=False)[0].tolist()
+    assert loaded.generate(ids, max_new_tokens=8) == want
+
+
 def test_a_long_prompt_runs_the_prefill_tuned_at_a_long_length(tmp_path):
     model = tiny_llama(1, seed=5)
     compiled = kiln.compile_lm(model, max_seq=160, budget="10s", db=tmp_path / "tune.sqlite",
