@@ -3,7 +3,7 @@
 # diagnostics of small lowered models, then the side-by-side bench on the lowered Llama-3.2-1B
 # (arguments go to `kiln bench gpu`). Logs under $OUT. The tuning database lives in build/ (kept
 # while the machine stays warm), so a second call re-measures nothing.
-#   STEPS="tests debug bench long smollm2 cli" (default the first three); TESTS (a regex: which GPU
+#   STEPS="tests debug bench gemv long smollm2 cli" (default the first three); TESTS (a regex: which GPU
 #   tests), TEST_TIMEOUT (each test),
 #   DEBUG_TIMEOUT, BENCH_TIMEOUT, LONG_TIMEOUT, CLI_TIMEOUT in seconds. `long` times decode as the
 #   context grows, from its own empty database, on lowered/llama1b-4096 (`kiln lower llama-3.2-1b
@@ -39,6 +39,9 @@ fi
 if [[ $steps == *bench* ]]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 -m kiln.cli bench gpu --lowered lowered/llama1b --db build/gpu-tune.sqlite \
     --json "$out/bench.json" "$@" 2>&1 | grep -v Warning | tee "$out/bench.log" | tail -25
+fi
+if [[ $steps == *gemv* ]]; then    # the per-kernel GEMV table: every template configuration, cuBLAS, copy
+  timeout "${GEMV_TIMEOUT:-300}" python3 scripts/gemv_table.py 2>&1 | grep -v Warning | tee "$out/gemv.log" | tail -30
 fi
 if [[ $steps == *long* ]]; then
   timeout "${LONG_TIMEOUT:-420}" python3 -m kiln.cli bench gpu --lowered lowered/llama1b-4096 --max-seq 4096 \

@@ -1,0 +1,119 @@
+"""The GEMV table (the decode issue's per-kernel check): each product of a Llama-3.2-1B decode step
+(x [1, K] bf16 times a [N, K] bf16 weight: 2048->2048, 2048->512, 2048->8192, 8192->2048,
+2048->128256) as Kiln schedules it, every configuration of the CUDA template timed as decode runs
+kernels (a CUDA graph replaying launches over rotating copies of the weight, so that nothing comes
+from the L2 cache), beside the copy bandwidth and torch.mv (cuBLAS) timed the same way.
+Usage on the GPU machine: python3 scripts/gemv_table.py  (prints the table; JSON to $OUT/gemv.json)"""
+import json
+import os
+
+import cupy as cp
+import numpy as np
+import torch
+
+from kiln.codegen.cuda_emit import config_space
+from kiln.codegen.schedule import schedule
+from kiln.ir import DType, Graph, Node, Op
+from kiln.ir.build import elementwise, expand, permute, reduce, reshape
+from kiln.ir.symbolic import shape_of
+from kiln.runtime.cuda import CudaBackend
+
+SHAPES = ((2048, 2048), (512, 2048), (8192, 2048), (2048, 8192), (128256, 2048))   # (N, K)
+ROTATIONS_BYTES = 2e9        # weight copies per graph: enough to overflow the L2 many times over
+REPLAYS = 15
+
+
+def gemv_kernel(n: int, k: int):
+    """The one kernel Kiln schedules for x @ w.T, with the names of its x and weight buffers."""
+    x = Node(Op.INPUT, name="x", role="input", shape=shape_of((1, k)), dtype=DType.BF16)
+    w = Node(Op.INPUT, name="w", role="weight", shape=shape_of((n, k)), dtype=DType.BF16)
+    full = (1, k, n)
+    product = elementwise(Op.MUL, expand(reshape(x, (1, k, 1)), full),
+                          expand(reshape(permute(w, (1, 0)), (1, k, n)), full))
+    graph = Graph([x], [reduce(Op.SUM_REDUCE, product, [-2])])
+    (kernel,) = schedule(graph).kernels
+    return kernel
+
+
+def graph_seconds(launch, rotations: int) -> float:
+    """Seconds per launch: a CUDA graph of one launch per rotation, replayed (median)."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        launch(0)
+        stream.begin_capture()
+        for r in range(rotations):
+            launch(r)
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        times = []
+        for _ in range(REPLAYS):
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) / 1e3 / rotations)
+    return float(np.median(times))
+
+
+def bf16_bits(a: np.ndarray) -> np.ndarray:
+    return (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def from_bits(bits) -> np.ndarray:
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+
+def main():
+    backend, rng, rows = CudaBackend(), np.random.default_rng(0), []
+    copy = backend.copy_bandwidth()
+    for n, k in SHAPES:
+        kernel = gemv_kernel(n, k)
+        rotations = int(max(4, min(32, ROTATIONS_BYTES // (n * k * 2))))
+        weights = [cp.asarray(bf16_bits(rng.standard_normal((n, k)) * 0.02)) for _ in range(rotations)]
+        x = cp.asarray(bf16_bits(rng.standard_normal(k)))
+        want = from_bits(weights[0].get()).reshape(n, k) @ from_bits(x.get())
+        out = cp.empty(n, dtype=cp.uint16 if kernel.outputs[0].dtype is DType.BF16 else cp.float32)
+        symbols = backend.symbol_buffer(0)
+        # the kernel's buffers by size: the weight holds n * k elements, x k, the output n
+        weight_name = next(b.name for b in kernel.inputs if b.size.value == n * k)
+        order = [b.name for b in (*kernel.outputs, *kernel.inputs)]
+        configs = [c for c in config_space(kernel) if hasattr(c, "group")]
+        sources = {c: backend.render(kernel, c) for c in configs}
+        functions = backend.compile(dict(sources.values()))
+        for config, (name, _) in sources.items():
+            launcher = backend.launcher(functions[name], kernel, config)
+
+            def launch(r, launcher=launcher):
+                launcher([out if b == kernel.outputs[0].name else weights[r] if b == weight_name else x
+                          for b in order] + [symbols], {})
+            launch(0)
+            got = from_bits(out.get()) if out.dtype == cp.uint16 else out.get()
+            error = float(np.abs(got - want).max() / np.abs(want).max())
+            seconds = graph_seconds(launch, rotations)
+            rows.append({"shape": [n, k], "system": "kiln", "config": config.key(), "s": seconds,
+                         "bytes_per_s": n * k * 2 / seconds, "of_copy": n * k * 2 / seconds / copy,
+                         "rel_err": error})
+        tw = [torch.as_tensor(w.view(cp.int16), device="cuda").view(torch.bfloat16).reshape(n, k) for w in weights]
+        tx = torch.as_tensor(x.view(cp.int16), device="cuda").view(torch.bfloat16)
+        touts = [torch.empty(n, dtype=torch.bfloat16, device="cuda") for _ in weights]
+        seconds = graph_seconds(lambda r: torch.mv(tw[r], tx, out=touts[r]), rotations)
+        rows.append({"shape": [n, k], "system": "torch.mv (cuBLAS)", "config": "", "s": seconds,
+                     "bytes_per_s": n * k * 2 / seconds, "of_copy": n * k * 2 / seconds / copy, "rel_err": 0.0})
+        del weights, tw
+    print(f"copy bandwidth {copy / 1e12:.2f} TB/s (read plus written); each row: the weight's bytes over the "
+          "time of one launch in a replayed CUDA graph")
+    for n, k in SHAPES:
+        mine = [r for r in rows if r["shape"] == [n, k] and r["system"] == "kiln" and r["rel_err"] < 1e-2]
+        best = min(mine, key=lambda r: r["s"])
+        cublas = next(r for r in rows if r["shape"] == [n, k] and r["system"] != "kiln")
+        print(f"  {k:>6d} -> {n:<6d} Kiln {best['s'] * 1e6:7.2f} us {best['bytes_per_s'] / 1e12:5.2f} TB/s "
+              f"{best['of_copy']:6.1%} of copy [{best['config']}]   cuBLAS {cublas['s'] * 1e6:7.2f} us "
+              f"{cublas['of_copy']:6.1%}   ({len(mine)} configurations)")
+    with open(os.path.join(os.environ.get("OUT", "."), "gemv.json"), "w") as f:
+        json.dump({"copy_bytes_per_s": copy, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
