@@ -170,6 +170,9 @@ class CpuBackend:
     def upload(array: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(array)
 
+    def upload_weight(self, array: np.ndarray) -> np.ndarray:
+        return self.upload(array)        # a contiguous host array is used where it is
+
     @staticmethod
     def input(array) -> np.ndarray:
         # np.ascontiguousarray would turn a 0-d array into shape (1,)

@@ -45,6 +45,7 @@ class CudaBackend:
         # with the default stream everything else runs on
         self._stream = self.cp.cuda.Stream(non_blocking=False)
         self._l2_flush = None          # a buffer twice the L2 size, written between timed calls
+        self._weights: dict[int, tuple[np.ndarray, object]] = {}   # id of a host weight: it, on the device
         self._interop = ArrayInterop(self.cp, lambda a, dtype, count: a.ravel().view(storage(dtype)),
                                      self._to_f32, self._from_f32)
 
@@ -107,6 +108,16 @@ class CudaBackend:
         if array.dtype == DType.BF16.np:
             array = array.view(np.uint16)
         return self.cp.asarray(array)
+
+    def upload_weight(self, array: np.ndarray):
+        """A weight on the device once per host array: a model's graphs (decode, decode_long, the
+        prefill buckets) and every candidate measured for a region read the same weights, which
+        would otherwise take the GPU's memory once for each. The host array is held, so that its
+        id names it for as long as the copy lives."""
+        held = self._weights.get(id(array))
+        if held is None or held[0] is not array:
+            held = self._weights[id(array)] = (array, self.upload(array))
+        return held[1]
 
     def input(self, array):
         return array if isinstance(array, self.cp.ndarray) else self.upload(array)

@@ -135,7 +135,11 @@ class Executor:
         self.arrays = {}
         for name, b in program.buffers.items():
             if b.role == "weight":
-                self.arrays[name] = backend.upload(np.asarray(weights[b.source], dtype=b.dtype.np))
+                host = np.asarray(weights[b.source], dtype=b.dtype.np)
+                # the host array itself is uploaded once for every executor that reads it; a
+                # converted copy is this executor's alone
+                self.arrays[name] = (backend.upload_weight(host) if host is weights[b.source]
+                                     else backend.upload(host))
             elif name in self.plan.slot_of:
                 self.arrays[name] = arena[self.plan.slot_of[name]]
         # per kernel: its buffers (a fixed address, or the name of a call input) and its symbols

@@ -311,6 +311,20 @@ def test_every_configuration_of_every_decode_kernel_equals_the_interpreter(polic
     assert any("split" in k for k in keys)
 
 
+@needs_gpu
+def test_executors_of_one_model_read_one_copy_of_each_weight():
+    """decode, decode_long and the prefill buckets, like every candidate of a region, read the
+    same host weights: the GPU holds each once."""
+    from kiln.runtime.cuda import CudaBackend
+    from kiln.runtime.executor import Executor
+    _, lm = tiny_case("tiny1_bf16")
+    backend, program = CudaBackend(), schedule(lm.decode)
+    first, second = (Executor(lm.decode, program, [CudaConfig()] * len(program.kernels), backend)
+                     for _ in range(2))
+    weights = [name for name, b in program.buffers.items() if b.role == "weight"]
+    assert weights and all(first.arrays[n].data.ptr == second.arrays[n].data.ptr for n in weights)
+
+
 @pytest.mark.parametrize("source", list(DType), ids=repr)
 @needs_gpu
 def test_cuda_kernels_cast_as_the_reference_does(source):
