@@ -361,6 +361,61 @@ def _inside(outer: Scalar, inner: Scalar) -> bool:
 
 
 class _CBody(_Body):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.outer_rows: dict[tuple[Scalar, int], str] = {}   # (row, level) -> its array
+
+    def stage(self, members: list[Reduce], var: str, level: int, width: int = 1,
+              outer: list[str] | None = None) -> set[Scalar]:
+        """Besides the rows every point reads alike, a row that varies only with loops outside the
+        reduction's own (softmax's normalized probabilities for P.V vary with the head, not with
+        the output column) is computed into an array once per step of the outermost loop it
+        needs, not once per point inside it: a C array of the reduction's length (a VLA where
+        that length is a symbol, the live window), declared in that loop's body."""
+        found = super().stage(members, var, level, width, outer)
+        reduction_level = level - 1
+        for body in (r.body for r in members):
+            stack = [body]
+            while stack:
+                x = stack.pop()
+                if x in found or x in self.memo:
+                    continue
+                names = free_vars(x, self.vars_memo)
+                if var not in names:
+                    continue
+                around = names - {var}
+                at = self.level_of(around)
+                if (isinstance(x, Apply) and x.dtype.is_float and at < reduction_level
+                        and not (x.op is Op.CAST and isinstance(x.args[0], Load))   # a load converted
+                        and not any(n in self.binds and n not in self.level for n in around)):
+                    found.add(x)
+                    self.memo[x] = (f"{self._outer_row(x, var, at, members[0].extent)}[{var}]", level)
+                    continue
+                stack.extend(x.children())
+        return found
+
+    def _outer_row(self, row: Scalar, var: str, at: int, extent: Expr) -> str:
+        key = (renamed(row, {var: "kiln_row"}), at)
+        if key not in self.outer_rows:
+            # a row's own reductions (softmax's max and sum) may stage rows of their own while
+            # it is emitted: each gets its own level and variable
+            self.count += 1
+            name, step, fake = f"kiln_row{self.count}", f"kiln_r{self.count}", _STAGING_LEVEL + 500 + self.count
+            lines: list[str] = []
+            saved_memo = dict(self.memo)
+            self.blocks[fake], self.level[step] = lines, fake
+            value, _ = self.emit(renamed(row, {var: step}))
+            del self.blocks[fake], self.level[step]
+            self.memo = {k: v for k, v in self.memo.items() if k in saved_memo or v[1] < _STAGING_LEVEL}
+            block, length = self.blocks[at], index_code(extent)
+            block.append(f"{COMPUTE[row.dtype]} {name}[{length}];")
+            block.append(f"for (int64_t {step} = 0; {step} < {length}; {step}++) {{")
+            block.extend("  " + line for line in lines)
+            block.append(f"  {name}[{step}] = {value};")
+            block.append("}")
+            self.outer_rows[key] = name
+        return self.outer_rows[key]
+
     def loop_pragmas(self, group: list[Reduce], accs: list[str]) -> list[str]:
         if all(r.op is Op.SUM_REDUCE for r in group) and self.config.simd:
             return [f"#pragma omp simd reduction(+:{', '.join(accs)})"]
