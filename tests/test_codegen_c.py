@@ -523,6 +523,21 @@ def test_merged_reductions_run_once_per_point_in_fewer_kernels(tiny_lm, rng):
     check(g, args(0), args(9), args(15), policies=POLICIES[-1:], sets=(0, 1, 2))
 
 
+def test_softmax_merged_into_pv_computes_each_probability_once_per_head_and_position(tiny_lm):
+    """In C, softmax's probabilities vary with the head and the position, not with P.V's output
+    column: they are computed into an array in the head's loop, and the columns' reduction reads
+    it (the test above checks the values against the interpreter)."""
+    from kiln.codegen.c_emit import emit_c
+    from kiln.codegen.kernel import KernelConfig
+    merged = schedule(tiny_lm.decode, POLICIES[-1])
+    pv = next(k for k in merged.kernels if "exp2f" in emit_c(k, KernelConfig(), "k")
+              and k.label.startswith("SumReduce") and len(k.loops) >= 2)
+    source = emit_c(pv, KernelConfig(), "k")
+    fill, columns = source.split("for (int64_t i2 = 0;")[0], source.split("for (int64_t i2 = 0;")[1]
+    assert "kiln_row" in fill and fill.count("exp2f") >= 1
+    assert "exp2f" not in columns and "kiln_row" in columns
+
+
 def test_traffic_of_a_gather_counts_the_rows_it_picks_not_the_table():
     from kiln.codegen.kernel import traffic_bytes
     table = Node(Op.INPUT, name="table", role="weight", shape=shape_of((1000, 16)), dtype=DType.F32)
