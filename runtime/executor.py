@@ -128,6 +128,7 @@ class Executor:
             functions = backend.compile(dict(self.sources))
             self.functions = [functions[name] for name, _ in self.sources]
         self.plan = plan_buffers(program, reuse)
+        self._views: dict[tuple[str, tuple[int, ...]], object] = {}   # (buffer, shape) -> its view
         shared = iter(scratch.buffers if scratch is not None else ())
         arena = [backend.allocate(n) if scratch is None or s in self.plan.kept else next(shared)
                  for s, n in enumerate(self.plan.slot_bytes)]
@@ -270,8 +271,10 @@ class Executor:
         if name in self.program.aliases or b.role == "input":
             return inputs[self.program.aliases.get(name, name)]
         shape = tuple(d.evaluate(env) for d in b.shape)
-        count = int(np.prod(shape, dtype=np.int64))
-        # a slot can be larger than this buffer, by a size its dtype does not divide
-        raw = self.arrays[name][:count * b.dtype.itemsize]
-        view = self.backend.typed(raw, b.dtype).reshape(shape)
+        view = self._views.get((name, shape))
+        if view is None:     # made once per size: a decode step asks for every region's outputs
+            count = int(np.prod(shape, dtype=np.int64))
+            # a slot can be larger than this buffer, by a size its dtype does not divide
+            raw = self.arrays[name][:count * b.dtype.itemsize]
+            view = self._views[(name, shape)] = self.backend.typed(raw, b.dtype).reshape(shape)
         return view.copy() if copy else view
