@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import tempfile
@@ -98,7 +99,7 @@ def read_artifact(folder: Path) -> tuple[dict, Callable[[str], bytes], dict[str,
     try:
         # BF16 reads back as ml_dtypes.bfloat16, which kiln.ir.dtypes registers with numpy
         with safe_open(folder / WEIGHTS, framework="np") as weights:
-            tensors = {name: weights.get_tensor(name) for name in weights.keys()}
+            tensors = _on_huge_pages(weights, (folder / WEIGHTS).stat().st_size)
     except (OSError, SafetensorError) as err:
         raise KilnError(f"kiln: the artifact {folder} is corrupted: {WEIGHTS}: {err}") from err
 
@@ -110,6 +111,29 @@ def read_artifact(folder: Path) -> tuple[dict, Callable[[str], bytes], dict[str,
                             f"{_reason(err)}") from err
 
     return manifest, open_file, tensors
+
+
+_ALIGN = 64      # each tensor starts on a cache line
+
+
+def _on_huge_pages(weights, file_bytes: int) -> dict[str, np.ndarray]:
+    """The tensors of an open safetensors file, read one at a time into one anonymous mapping
+    that the kernel may back with 2 MB pages (Linux's MADV_HUGEPAGE): a decode step streams every
+    weight, and on 4 KB pages the CPU backend's step took 3-6% longer (SmolLM2, this project's
+    2-core VM). The arrays hold the mapping; nothing is held twice. The file's size bounds the
+    tensors' bytes."""
+    names = list(weights.keys())
+    arena = mmap.mmap(-1, file_bytes + _ALIGN * len(names), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        arena.madvise(mmap.MADV_HUGEPAGE)
+    tensors, offset = {}, 0
+    for name in names:
+        tensor = weights.get_tensor(name)
+        placed = np.frombuffer(arena, dtype=tensor.dtype, count=tensor.size, offset=offset)
+        placed[...] = tensor.reshape(-1)
+        tensors[name] = placed.reshape(tensor.shape)
+        offset += -(-tensor.nbytes // _ALIGN) * _ALIGN
+    return tensors
 
 
 def signed(manifest: dict) -> dict:

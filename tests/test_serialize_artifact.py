@@ -187,6 +187,16 @@ def test_artifact_round_trips(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_loaded_tensors_are_writable_and_start_on_cache_lines(tmp_path):
+    """Kernels read weights with vector loads; the loader places them itself (on huge pages)."""
+    tensors = {**TENSORS, "empty": np.zeros((0, 3), np.float32), "odd": np.arange(7, dtype=np.int8)}
+    write_artifact(tmp_path / "out", {}, tensors)
+    _, _, loaded = read_artifact(tmp_path / "out")
+    assert_tensors_equal(loaded, tensors)
+    for name, array in loaded.items():
+        assert array.ctypes.data % 64 == 0 and array.flags.writeable and array.flags.c_contiguous, name
+
+
 def test_artifact_without_manifest_or_tensors(tmp_path):
     write_artifact(tmp_path / "out", {}, None)
     manifest, _, tensors = read_artifact(tmp_path / "out")
