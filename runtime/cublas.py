@@ -1,7 +1,10 @@
 """cuBLAS on the operands where they lie: a library GEMM (codegen/library.py) whose operands and
 output are each a strided matrix with one unit stride becomes one column-major strided-batched
-`cublasGemmStridedBatchedEx` call on the 16-bit (or f32) data, accumulated in f32. No temporaries:
+`cublasGemmStridedBatchedEx` call on the 16-bit (or f32) data, accumulated in f32. No f32 copies:
 CuPy's matmul, by contrast, needs f32 copies of bf16 operands (a layer's weights, every call).
+An input operand whose variables do not flatten into a matrix (attention's output [heads, seq, d]
+read as [seq, heads * d] by the output projection) is first gathered, in its own type, into a
+contiguous scratch the launcher holds.
 
 `plan` is pure arithmetic on strides, so the layouts are tested without a GPU."""
 from __future__ import annotations
@@ -36,8 +39,25 @@ class Matrix:
 
 
 @dataclass(frozen=True)
+class Gather:
+    """An operand copied, before the call, into the contiguous row-major array of `shape` at
+    the scratch `into`: element [i0, i1, ...] from `buffer` at offset + sum(i * stride)."""
+    buffer: str
+    dtype: DType
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    into: str
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
 class BlasCall:
-    """C[rows, cols] = op(A)[rows, k] @ op(B)[k, cols] for each of `batch` matrices, column-major."""
+    """C[rows, cols] = op(A)[rows, k] @ op(B)[k, cols] for each of `batch` matrices, column-major,
+    after `gathers`."""
     rows: int
     cols: int
     k: int
@@ -45,6 +65,7 @@ class BlasCall:
     a: Matrix
     b: Matrix
     c: Matrix
+    gathers: tuple[Gather, ...] = ()
 
 
 def _nested_stride(operand: Operand, group: tuple[str, ...], extent: dict[str, int],
@@ -77,36 +98,47 @@ def _layout(rows: int, cols: int, row_stride: int, col_stride: int) -> tuple[boo
 
 
 def plan(gemm: Gemm, env: dict[str, int]) -> BlasCall | None:
-    """One cuBLAS call computing `gemm` for these symbol values, or None when an operand has no
-    unit stride, a group of variables does not flatten, or the types do not fit cuBLAS."""
+    """One cuBLAS call computing `gemm` for these symbol values (after gathering an input
+    operand whose variables do not flatten), or None when the output does not flatten or the
+    types do not fit cuBLAS."""
     a, b, out = gemm.a, gemm.b, gemm.out
     if a.dtype is not b.dtype or a.dtype not in CUDA_TYPE or out.dtype not in CUDA_TYPE or \
             (a.dtype is DType.F32 and out.dtype is not DType.F32):
         return None
     extent = {v: e.evaluate(env) for v, e in gemm.extents.items()}
     size = {g: math.prod(extent[v] for v in getattr(gemm, g)) for g in ("batch", "m", "n", "k")}
-    strides = {}
+    strides, where, gathers = {}, {}, []
     for name, operand, groups in (("a", a, ("batch", "m", "k")), ("b", b, ("batch", "k", "n")),
                                   ("out", out, ("batch", "m", "n"))):
-        for g in groups:
-            strides[name, g] = _nested_stride(operand, getattr(gemm, g), extent, env)
-    if None in strides.values():
-        return None
+        nested = {g: _nested_stride(operand, getattr(gemm, g), extent, env) for g in groups}
+        where[name] = (operand.buffer, operand.dtype, operand.offset.evaluate(env))
+        if None in nested.values():
+            if name == "out":
+                return None
+            variables = [v for g in groups for v in getattr(gemm, g)]
+            into = f"kiln_gather_{name}"
+            gathers.append(Gather(operand.buffer, operand.dtype, operand.offset.evaluate(env),
+                                  tuple(extent[v] for v in variables),
+                                  tuple(operand.strides[v].evaluate(env) if v in operand.strides else 0
+                                        for v in variables), into))
+            where[name] = (into, operand.dtype, 0)
+            inner = size[groups[1]] * size[groups[2]]
+            nested = {groups[0]: inner, groups[1]: size[groups[2]], groups[2]: 1}
+        strides.update({(name, g): s for g, s in nested.items()})
 
-    def matrix(operand: Operand, name: str, row: str, col: str, transposed_ok: bool) -> Matrix | None:
+    def matrix(name: str, row: str, col: str, transposed_ok: bool) -> Matrix | None:
         layout = _layout(size[row], size[col], strides[name, row], strides[name, col])
         if layout is None or (layout[0] and not transposed_ok):
             return None
-        return Matrix(operand.buffer, operand.dtype, operand.offset.evaluate(env), layout[1],
-                      strides[name, "batch"], layout[0])
+        buffer, dtype, offset = where[name]
+        return Matrix(buffer, dtype, offset, layout[1], strides[name, "batch"], layout[0])
     # C = A B when the output is column-major; else C^T = B^T A^T, whose output is
-    for rows, cols, first, second in (("m", "n", ("a", a, "m", "k"), ("b", b, "k", "n")),
-                                      ("n", "m", ("b", b, "n", "k"), ("a", a, "k", "m"))):
-        c = matrix(out, "out", rows, cols, False)
-        left = matrix(first[1], first[0], first[2], first[3], True)
-        right = matrix(second[1], second[0], second[2], second[3], True)
+    for rows, cols, first, second in (("m", "n", ("a", "m", "k"), ("b", "k", "n")),
+                                      ("n", "m", ("b", "n", "k"), ("a", "k", "m"))):
+        c = matrix("out", rows, cols, False)
+        left, right = matrix(*first, True), matrix(*second, True)
         if c is not None and left is not None and right is not None:
-            return BlasCall(size[rows], size[cols], size["k"], size["batch"], left, right, c)
+            return BlasCall(size[rows], size[cols], size["k"], size["batch"], left, right, c, tuple(gathers))
     return None
 
 
@@ -133,12 +165,30 @@ class CublasGemm:
         names = [kernel.output.name, *(b.name for b in kernel.inputs)]
         generic = self.fallback.launcher(kernel)
         one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)   # read at each call
+        scratch: dict[str, object] = {}      # gathered operands, by name; never allocated in a recording
+
+        def gather_into(gather: Gather, args) -> None:
+            held = scratch.get(gather.into)
+            if held is None or held.size < gather.elements:
+                held = scratch[gather.into] = self.cp.empty(gather.elements, _storage(gather.dtype))
+            source = args[names.index(gather.buffer)]
+            item = held.itemsize
+            view = self.cp.ndarray(gather.shape, held.dtype, self.cp.cuda.MemoryPointer(
+                source.data.mem, source.data.ptr - source.data.mem.ptr + gather.offset * item),
+                tuple(s * item for s in gather.strides))
+            held[:gather.elements].reshape(gather.shape)[...] = view
+        if not self.gemm.symbols and self.plan({}) is not None:    # fixed sizes: the scratch now
+            for gather in self.plan({}).gathers:
+                scratch[gather.into] = self.cp.empty(gather.elements, _storage(gather.dtype))
 
         def launch(args, env):
             call = self.plan(env)
             if call is None:
                 return generic(args, env)
+            for gather in call.gathers:
+                gather_into(gather, args)
             pointers = dict(zip(names, (a.data.ptr for a in args)))
+            pointers.update({name: held.data.ptr for name, held in scratch.items()})
             blas = handle(self.cp)
             blas.use_stream(self.cp.cuda.get_current_stream().ptr)
 
@@ -151,6 +201,11 @@ class CublasGemm:
                 zero.ctypes.data, at(call.c), CUDA_TYPE[call.c.dtype], call.c.ld, call.c.batch_stride,
                 call.batch, COMPUTE_32F, GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
         return launch
+
+
+def _storage(dtype: DType) -> np.dtype:
+    """How the device holds a type's bits (bf16 as 16-bit words: CuPy has no bfloat16)."""
+    return np.dtype(f"u{dtype.np.itemsize}")
 
 
 class Handle:
