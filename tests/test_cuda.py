@@ -332,7 +332,6 @@ def test_cublas_takes_every_library_case_and_a_recording_replays_a_gathered_oper
     launcher's scratch first; at fixed sizes, as decode runs it, a CUDA graph records the gather
     and the call and replays them on new values."""
     import cupy as cp
-    from kiln.codegen.kernel import KernelConfig
     from kiln.codegen.library import as_gemm
     from kiln.codegen.schedule import FusionPolicy
     from kiln.ir import Graph
@@ -344,7 +343,7 @@ def test_cublas_takes_every_library_case_and_a_recording_replays_a_gathered_oper
 
     def library_executor(graph):
         program = schedule(graph, FusionPolicy(4, 0))
-        configs = [LibraryConfig() if as_gemm(k) else KernelConfig() for k in program.kernels]
+        configs = [LibraryConfig() if as_gemm(k) else CudaConfig() for k in program.kernels]
         return Executor(graph, program, configs, backend)
     backend, rng = CudaBackend(), np.random.default_rng(5)
     for name, inputs, out, weights in cases():
