@@ -323,9 +323,12 @@ def rules_list(model: str | None) -> None:
 @click.option("--lowered", "lowered_path", metavar="PATH",
               help="Graphs saved by 'kiln lower' on a machine whose torch can export MODEL (this "
                    "one's cannot); MODEL still gives the weights, the graphs their max-seq and dtype.")
+@click.option("--all-logits", is_flag=True,
+              help="Prefill computes logits for every prompt position (for scoring a text); by "
+                   "default only the last position's, the one generation samples from.")
 @_clean_errors
 def compile(model: str, out: str, backend: str, budget: str, max_seq: int, dtype: str, resume: bool,
-            db: str | None, seed: int, report: bool, lowered_path: str | None) -> None:
+            db: str | None, seed: int, report: bool, lowered_path: str | None, all_logits: bool) -> None:
     """Compile MODEL (a causal LM) for this machine and write an artifact folder.
 
     Every candidate program is checked against the reference interpreter and timed here; the
@@ -346,7 +349,8 @@ def compile(model: str, out: str, backend: str, budget: str, max_seq: int, dtype
     lm = loaded.model.to(getattr(torch, dtype))
     lowered = hf.load_lowered(lowered_path, lm) if lowered_path else None
     compiled = compile_lm(lm, max_seq=max_seq, backend=backend, budget=seconds, db=db, out=out,
-                          resume=resume, tokenizer=loaded.tokenizer, seed=seed, lowered=lowered)
+                          resume=resume, tokenizer=loaded.tokenizer, seed=seed, lowered=lowered,
+                          all_logits=all_logits)
     graphs = compiled.report["graphs"]
     kernels = ", ".join(f"{name} {g['kernels']} kernels" for name, g in graphs.items())
     click.echo(f"wrote {out}: {loaded.name}, {backend}, {kernels}")

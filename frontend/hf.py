@@ -147,9 +147,9 @@ class CacheSpec:
         return cls(config.num_hidden_layers, kv_heads, max_seq, head_dim, model.dtype)
 
 
-def _run_model(model, ids, positions, cache: Cache, mask) -> torch.Tensor:
+def _run_model(model, ids, positions, cache: Cache, mask, logits_to_keep: int = 0) -> torch.Tensor:
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions[None], cache=cache,
-                use_cache=True)
+                use_cache=True, **({"logits_to_keep": logits_to_keep} if logits_to_keep else {}))
     return out.logits
 
 
@@ -163,17 +163,18 @@ def _flat(cache: Cache) -> tuple[torch.Tensor, ...]:
 
 
 class PrefillStep(torch.nn.Module):
-    """ids [1, T] -> (logits [1, T, vocab], k0, v0, k1, v1, ... each CacheSpec.shape)."""
+    """ids [1, T] -> (logits [1, T, vocab], k0, v0, k1, v1, ... each CacheSpec.shape); with
+    `last_only`, logits [1, 1, vocab] (transformers' logits_to_keep=1, as a generation loop runs)."""
 
-    def __init__(self, model: torch.nn.Module, spec: CacheSpec):
+    def __init__(self, model: torch.nn.Module, spec: CacheSpec, last_only: bool = False):
         super().__init__()
-        self.model, self.spec = model, spec
+        self.model, self.spec, self.last_only = model, spec, last_only
 
     def forward(self, ids: torch.Tensor):
         positions = torch.arange(ids.shape[1], device=ids.device)                   # [T]
         cache = _cache(_PrefillLayer, self.spec.zeros(ids.device), positions)
         mask = _additive_mask(positions, ids.shape[1], self.spec.dtype)             # [1, 1, T, T]
-        return (_run_model(self.model, ids, positions, cache, mask), *_flat(cache))
+        return (_run_model(self.model, ids, positions, cache, mask, int(self.last_only)), *_flat(cache))
 
 
 class DecodeStep(torch.nn.Module):

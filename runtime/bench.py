@@ -53,7 +53,10 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
         kiln_decode.append(time.perf_counter() - start)
         kiln_logits.append(logits)
 
-    prefill_step, decode_step = hf.PrefillStep(model, cache).eval(), hf.DecodeStep(model, cache).eval()
+    # eager's prefill computes the logits Kiln's program does (the last position's, by default)
+    last_only = info.get("prefill_logits", "all") == "last"
+    prefill_step = hf.PrefillStep(model, cache, last_only).eval()
+    decode_step = hf.DecodeStep(model, cache).eval()
     with torch.no_grad():
         ids = torch.from_numpy(prompt)
         eager_prefill = _median_time(lambda: prefill_step(ids), 3)
@@ -77,6 +80,7 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
         "eager_decode_tokens_per_s": 1 / statistics.median(eager_decode[warm]),
         "kiln_prefill_tokens_per_s": prompt_len / kiln_prefill,
         "eager_prefill_tokens_per_s": prompt_len / eager_prefill,
+        "prefill_logits": info.get("prefill_logits", "all"),     # the positions both prefills compute
         "decode_max_rel_error_vs_eager": rel,
         "load_average_1min_before_and_after": [load_before, os.getloadavg()[0]],
         "search": {name: {"seconds": g["seconds"], "kernels": g["kernels"],

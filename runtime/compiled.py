@@ -35,9 +35,14 @@ def region_graph(graph: Graph, region: regionlib.Region, outputs: list[Node]) ->
 
 def replays(graph: Graph) -> bool:
     """Whether a backend that records launches runs `graph` as one recording: its outputs have
-    one size whatever its symbols (decode's logits and caches; the window it attends over is a
-    symbol the kernels read on the device). Prefill's outputs grow with the prompt."""
-    return all(d.is_const for n in graph.outputs for d in n.shape)
+    one size whatever its symbols, and an input of a symbolic size is one whose length alone
+    counts (decode's logits and caches; the window it attends over is a symbol the kernels read
+    on the device). Prefill reads a prompt of any length: a recording at the longest would run
+    every product at max_seq rows, and none could be a library call. A last-position prefill's
+    outputs have fixed sizes too; its prompt is what tells it apart."""
+    read = {id(x) for node in graph.nodes() for x in node.inputs} | {id(o) for o in graph.outputs}
+    sized = [n for n in graph.inputs if id(n) in read and not all(d.is_const for d in n.shape)]
+    return not sized and all(d.is_const for n in graph.outputs for d in n.shape)
 
 
 class CompiledGraph:

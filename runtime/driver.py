@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..ir import Graph, KilnError, decode
+from ..ir.last_position import last_position
 from ..search.budget import parse_budget
 from ..search.tuner import Progress
 from ..search.tunedb import TuneDB
@@ -131,11 +132,12 @@ def _report_json(report: GraphReport, compiled: CompiledGraph) -> dict:
 def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | float = "10m",
                db: str | Path | None = None, out: str | Path | None = None, resume: bool = False,
                tokenizer=None, seed: int = 0, progress: bool = True,
-               max_candidates: int = 100_000, lowered=None) -> CompiledModel:
+               max_candidates: int = 100_000, lowered=None, all_logits: bool = False) -> CompiledModel:
     """Compile a transformers causal LM (batch 1, static KV cache of max_seq positions) into a
     prefill program and a decode program, each searched and tuned on this machine. `lowered`:
     graphs already lowered (`frontend.hf.load_lowered`), for a machine whose torch cannot export
-    the model."""
+    the model. Prefill's logits are the last position's ([1, 1, vocab], what generation samples
+    from) unless `all_logits`."""
     from ..frontend import hf
     from ..frontend.lower import kiln_dtype
     seconds = budget if isinstance(budget, (int, float)) else parse_budget(budget)
@@ -150,7 +152,7 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
     decode_programs = decode_buckets(max_seq)
     decode_s = seconds * DECODE_SHARE / len(decode_programs)
     what = hashlib.sha256(f"lm {type(model).__name__} {model.config.to_json_string()} {max_seq} "
-                          f"{backend}".encode()).hexdigest()[:16]
+                          f"{backend} {all_logits}".encode()).hexdigest()[:16]
     compile_id = compile_id_for(out, resume, what, db)
     # prefill in length buckets: a kernel configuration (or a cuBLAS call) that wins at 32 tokens
     # can lose badly at 500, so long prompts run a program tuned at a long length
@@ -158,15 +160,17 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
     prompts = {name: prompt if n == tune_seq else rng.integers(0, lowered.vocab_size, size=(1, n), dtype=np.int64)
                for name, n in buckets.items()}
     prefill_s = seconds * (1 - DECODE_SHARE) / len(buckets)
+    prefill = lowered.prefill if all_logits else last_position(lowered.prefill)
     compiled, reports, hardware = _search(
         {**{name: (lowered.decode, decode.decode_args(lowered.decode, token, pos, caches), decode_s)
             for name, (pos, _) in decode_programs.items()},
-         **{name: (lowered.prefill, [prompts[name]], prefill_s) for name in buckets}},
+         **{name: (prefill, [prompts[name]], prefill_s) for name in buckets}},
         backend, db, compile_id, seed, progress, max_candidates)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     info = {"vocab_size": lowered.vocab_size, "max_seq": max_seq,
             "cache_shape": list(lowered.cache.shape), "cache_dtype": kiln_dtype(lowered.cache.dtype).value,
             "layers": lowered.cache.layers, "eos_token_id": eos, "prefill_buckets": buckets,
+            "prefill_logits": "all" if all_logits else "last",
             "decode_buckets": {name: start for name, (_, start) in decode_programs.items()},
             "architecture": type(model).__name__, "budget_s": seconds}
     result = CompiledModel("lm", compiled, info, hardware, tokenizer, {"graphs": reports})

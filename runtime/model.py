@@ -58,7 +58,8 @@ class CompiledModel:
     # --- running ------------------------------------------------------------------------------
     def __call__(self, *args):
         """A module: the module's inputs as torch tensors (or numpy arrays), outputs structured as
-        the module returns them. An LM: ids [1, T] -> logits [1, T, vocab] (through prefill)."""
+        the module returns them. An LM: ids [1, T] -> logits (through prefill): [1, 1, vocab], the
+        last position's, or [1, T, vocab] where compiled with all_logits."""
         import torch
         from torch.utils import _pytree as pytree
         from ..frontend.lower import from_numpy, to_numpy

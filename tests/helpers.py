@@ -19,6 +19,6 @@ def tiny_llama(layers: int, seed: int = 0, **config):
     (`config`: other LlamaConfig fields)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                        num_hidden_layers=layers, num_attention_heads=2,
-                                        num_key_value_heads=1, **config)).eval()
+    return LlamaForCausalLM(LlamaConfig(**{"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+                                           "num_hidden_layers": layers, "num_attention_heads": 2,
+                                           "num_key_value_heads": 1, **config})).eval()

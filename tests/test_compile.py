@@ -55,8 +55,9 @@ def test_compiled_graphs_match_the_reference_interpreter_and_eager(tiny):
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     with torch.no_grad():
         want = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-    got = compiled(ids)
-    assert got.shape == want.shape and agrees(got.numpy(), want.numpy())
+    got = compiled(ids)     # the last position's logits: what generation samples from
+    assert compiled.info["prefill_logits"] == "last"
+    assert got.shape == want[:, -1:].shape and agrees(got.numpy(), want[:, -1:].numpy())
 
 
 def test_seeded_sampling_reproduces(tiny):
@@ -367,7 +368,7 @@ def test_decode_past_a_long_context_runs_the_program_tuned_there(tmp_path):
 def test_a_long_prompt_runs_the_prefill_tuned_at_a_long_length(tmp_path):
     model = tiny_llama(1, seed=5)
     compiled = kiln.compile_lm(model, max_seq=160, budget="10s", db=tmp_path / "tune.sqlite",
-                               out=tmp_path / "artifact", progress=False)
+                               out=tmp_path / "artifact", progress=False, all_logits=True)
     assert compiled.info["prefill_buckets"] == {"prefill": 32, "prefill_159": 159}
     loaded = kiln.load(tmp_path / "artifact")
     assert loaded.prefill_graph(100) is loaded.graphs["prefill_159"]

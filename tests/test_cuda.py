@@ -221,7 +221,7 @@ def test_fp32_greedy_tokens_equal_pytorch_on_the_gpu(tmp_path):
 def test_bf16_logits_within_2e_2_of_pytorch(tmp_path):
     model, lm = tiny_case("tiny2_bf16")
     compiled = kiln.compile_lm(model, max_seq=32, backend="cuda", budget="20s",
-                               db=tmp_path / "tune.sqlite", progress=False, lowered=lm)
+                               db=tmp_path / "tune.sqlite", progress=False, lowered=lm, all_logits=True)
     ids = torch.tensor([[3, 14, 15, 9, 26, 5]])
     with torch.no_grad():
         want = model.cuda()(input_ids=ids.cuda(), attention_mask=torch.ones_like(ids).cuda()).logits
