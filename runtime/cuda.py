@@ -65,7 +65,9 @@ class CudaBackend:
         copies, is slow and allocates, so it would keep decode from replaying a CUDA graph)."""
         space = with_library(config_space(kernel), kernel)
         gemm = as_gemm(kernel)
-        if gemm is not None and all(e.is_const for e in gemm.extents.values()) and plan(gemm, {}) is None:
+        # fixed sizes: no symbol at all (a last-position product has fixed extents but reads its
+        # row at an offset the prompt length gives)
+        if gemm is not None and not gemm.symbols and plan(gemm, {}) is None:
             space = [c for c in space if not isinstance(c, LibraryConfig)]
         return space
 

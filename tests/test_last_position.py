@@ -79,3 +79,23 @@ def test_a_last_position_prefill_is_not_recorded_as_decode_is():
     from tests.helpers import tiny_llama
     lm = lower_causal_lm(tiny_llama(1), 16)
     assert replays(lm.decode) and not replays(lm.prefill) and not replays(last_position(lm.prefill))
+
+
+def test_every_kernel_of_a_last_position_prefill_has_a_cuda_configuration_space():
+    """The last layer's products have fixed extents but read their row at an offset the prompt
+    length gives: whether cuBLAS takes one is decided at the call's sizes, not at none."""
+    from kiln.codegen.library import LibraryConfig, as_gemm
+    from kiln.codegen.schedule import POLICIES, schedule
+    from kiln.frontend.hf import lower_causal_lm
+    from kiln.runtime.cuda import CudaBackend
+    from tests.helpers import tiny_llama
+    graph = last_position(lower_causal_lm(tiny_llama(1), 16).prefill)
+    offset_only = 0
+    for policy in POLICIES.values():
+        for kernel in schedule(graph, policy).kernels:
+            space = CudaBackend.config_space(kernel)
+            gemm = as_gemm(kernel)
+            if gemm is not None and gemm.symbols and all(e.is_const for e in gemm.extents.values()):
+                offset_only += 1
+                assert LibraryConfig() in space, kernel.label
+    assert offset_only
