@@ -86,8 +86,9 @@ __device__ __forceinline__ void kiln_f32x8(float* v, const float* p) {
 @dataclass(frozen=True)
 class CudaConfig:
     """`block` threads per block; `group` threads per output point, which split its reduction (a
-    power of two up to a warp, combined by shuffles, or the whole block); `vector` elements each
-    thread reads per step of its reduction. `across`: a group's threads lie `block / group` apart,
+    power of two up to a warp, combined by shuffles, or whole warps dividing the block, their
+    warps' values combined through shared memory); `vector` elements each thread reads per step of
+    its reduction. `across`: a group's threads lie `block / group` apart,
     so that neighbouring threads take neighbouring points and read a row that runs along the
     points, not along the reduction, in one coalesced access (attention's P.V reads the V cache
     down its columns); they combine through shared memory. `stage`: what a shared reduction's steps
@@ -195,7 +196,8 @@ def config_space(kernel: Kernel) -> list[CudaConfig]:
         space += [CudaConfig(block, block // 64, 1, across=True) for block in (256, 512, 1024)]
     space += [CudaConfig(256, 1, 1), CudaConfig(256, 32, 1), CudaConfig(256, 256, 1)]
     if staged_rows(kernel):   # staged, second: several points a block share the rows they stage
-        staged = [CudaConfig(256, 32, width, stage=True), CudaConfig(512, 32, width, stage=True),
+        staged = [CudaConfig(512, 128, width, stage=True), CudaConfig(1024, 128, width, stage=True),
+                  CudaConfig(256, 32, width, stage=True), CudaConfig(512, 32, width, stage=True),
                   CudaConfig(256, 8, width, stage=True)]
         space = space[:1] + staged + space[1:]
     if splittable(kernel) and _few_blocks(kernel, space[0]):
@@ -420,15 +422,16 @@ class _CudaBody(_Body):
         for offset in _halvings(min(group, 32)):
             block.append(f"{{ const {acc_type} kiln_other = __shfl_xor_sync(0xffffffffu, {acc}, {offset}); "
                          f"{acc} = {combine.format(a=acc, b='kiln_other')}; }}")
-        if group > 32:   # one value per warp through shared memory, then every thread combines them
-            shared = f"kiln_shared{self.count}"
+        if group > 32:   # one value per warp through shared memory, then each thread combines its group's
+            shared, warps = f"kiln_shared{self.count}", group // 32
             self.count += 1
-            self.shared.append(f"__shared__ {acc_type} {shared}[{group // 32}];")
-            block.append(f"if ((threadIdx.x & 31) == 0) {shared}[kiln_lane >> 5] = {acc};")
+            self.shared.append(f"__shared__ {acc_type} {shared}[{config.block // 32}];")
+            block.append(f"if ((threadIdx.x & 31) == 0) {shared}[threadIdx.x >> 5] = {acc};")
             block.append("__syncthreads();")
-            block.append(f"{acc} = {shared}[0];")
-            block.append(f"for (int kiln_w = 1; kiln_w < {group // 32}; kiln_w++) "
-                         f"{acc} = {combine.format(a=acc, b=f'{shared}[kiln_w]')};")
+            first = f"kiln_offset * {warps} + " if config.block > group else ""
+            block.append(f"{acc} = {shared}[{first}0];")
+            block.append(f"for (int kiln_w = 1; kiln_w < {warps}; kiln_w++) "
+                         f"{acc} = {combine.format(a=acc, b=f'{shared}[{first}kiln_w]')};")
             block.append("__syncthreads();")
         return acc
 
@@ -454,8 +457,8 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
     if config.across:
         if config.block % config.group or config.vector != 1:
             raise ValueError("an across group divides the block and reads no vectors")
-    elif config.group not in (1, 2, 4, 8, 16, 32, config.block):
-        raise ValueError("a group is a power of two up to a warp, or the whole block")
+    elif config.group not in (1, 2, 4, 8, 16, 32) and (config.group % 32 or config.block % config.group):
+        raise ValueError("a group is a power of two up to a warp, or whole warps dividing the block")
     body = _CudaBody(kernel, config)
     for write in kernel.writes:
         value, _ = body.emit(write.value)

@@ -112,7 +112,7 @@ def main():
         offered = [c for c in config_space(kernel) if isinstance(c, CudaConfig)]
         width = offered[0].vector
         grid = [CudaConfig(block, group, width, split=parts) for block in (128, 256, 512, 1024)
-                for group in (4, 8, 16, 32, block) for parts in (1, 2, 4)
+                for group in (4, 8, 16, 32, 64, 128, 256, block) for parts in (1, 2, 4)
                 if group <= block and (parts == 1 or splittable(kernel))]
         configs = list(dict.fromkeys(offered + grid))
         sources = {c: backend.render(kernel, c) for c in configs}

@@ -309,6 +309,8 @@ def test_every_configuration_of_every_decode_kernel_equals_the_interpreter(polic
     keys = {key for _, key in checked}
     assert any("across" in k for k in keys) and any("group8-" in k for k in keys)
     assert any("split" in k for k in keys)
+    if policy.endswith("merge"):   # groups of whole warps, several a block, staging their rows
+        assert any("block512-group128" in k and "stage" in k for k in keys)
 
 
 @needs_gpu

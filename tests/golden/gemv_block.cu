@@ -21,7 +21,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_block(float* __restrict__
     { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc6, 4); acc6 = acc6 + kiln_other; }
     { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc6, 2); acc6 = acc6 + kiln_other; }
     { const float kiln_other = __shfl_xor_sync(0xffffffffu, acc6, 1); acc6 = acc6 + kiln_other; }
-    if ((threadIdx.x & 31) == 0) kiln_shared6[kiln_lane >> 5] = acc6;
+    if ((threadIdx.x & 31) == 0) kiln_shared6[threadIdx.x >> 5] = acc6;
     __syncthreads();
     acc6 = kiln_shared6[0];
     for (int kiln_w = 1; kiln_w < 8; kiln_w++) acc6 = acc6 + kiln_shared6[kiln_w];
