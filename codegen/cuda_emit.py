@@ -184,7 +184,7 @@ def config_space(kernel: Kernel) -> list[CudaConfig]:
     reduce = shared[0]
     width = vector_width(reduce)
     space = [CudaConfig(256, 32, width), CudaConfig(128, 128, width), CudaConfig(256, 256, width),
-             CudaConfig(512, 512, width), CudaConfig(128, 32, width)]
+             CudaConfig(512, 512, width), CudaConfig(128, 32, width), CudaConfig(128, 64, width)]
     if width > 1:
         steps = reduce.extent.value // width
         # short rows: a few threads each (a 64-long attention score: 8 threads of 8 elements)
