@@ -6,7 +6,10 @@ ones and keeps whichever is faster, per kernel and shape.
 `as_gemm` recognizes the product in the kernel IR: the element value is a sum over one variable of
 a product of two loads (each maybe cast to a float type), every index affine in the loop
 variables with constant strides. Output loops read by both operands are batch dimensions, by one
-of them rows (M) or columns (N)."""
+of them rows (M) or columns (N). A variable an index divides by a constant (a reduction over
+(head, d) read as heads * d; GQA's shared key/value head) is split into quotient and remainder.
+The operands may differ in float type (f32 softmax weights times bf16 values): each backend reads
+both as the wider one."""
 from __future__ import annotations
 
 import hashlib
@@ -117,12 +120,21 @@ def as_gemm(kernel: Kernel) -> Gemm | None:
     loads = [_float_load(x) for x in value.body.args]
     if None in loads:
         return None
-    k, extents = _split_reduction(value, [l.index for l in loads])
-    indices = [substitute(l.index, k.env, k.bounds) for l in loads]
-    loops = [v for v, _ in kernel.loops]
+    indices = [l.index for l in loads]
+    k, extents = _split(value.var, value.extent, indices)
+    # an output variable an operand divides (GQA: query head h reads key/value head h // 4)
+    # becomes two too; the quotient is then a batch, the remainder rows of the one reading it
+    loops, env, bounds = [], dict(k.env), dict(k.bounds)
+    for v, extent in kernel.loops:
+        split, split_extents = _split(v, extent, indices)
+        loops += split.vars
+        extents |= split_extents
+        env |= split.env
+        bounds |= split.bounds
+    indices = [substitute(i, env, bounds) for i in indices]
     allowed = set(loops) | set(k.vars) | set(kernel.symbols)
     terms = [_affine(i, loops + list(k.vars), allowed) for i in indices]
-    store = _affine(kernel.store, loops, allowed)
+    store = _affine(substitute(kernel.store, env, bounds), loops, allowed)
     if None in terms or store is None:
         return None
     (a_off, a_str), (b_off, b_str) = terms
@@ -135,8 +147,7 @@ def as_gemm(kernel: Kernel) -> Gemm | None:
             return None
         groups[role].append(v)
     (a_load, b_load) = loads
-    return Gemm(tuple(groups["batch"]), tuple(groups["m"]), tuple(groups["n"]), k.vars,
-                {v: e for v, e in kernel.loops} | extents,
+    return Gemm(tuple(groups["batch"]), tuple(groups["m"]), tuple(groups["n"]), k.vars, extents,
                 Operand(a_load.buffer, a_load.dtype, a_off, a_str),
                 Operand(b_load.buffer, b_load.dtype, b_off, b_str),
                 Operand(kernel.output.name, kernel.output.dtype, store[0], store[1]), kernel.symbols)
@@ -149,10 +160,9 @@ class _Split:
     bounds: dict[str, tuple[int, int]]
 
 
-def _split_reduction(reduce: Reduce, indices: list[Expr]) -> tuple[_Split, dict[str, Expr]]:
-    """The reduction variable r, or, where an index divides it by a constant c that divides its
-    extent, r = c * q + m over two variables (the division and remainder then vanish)."""
-    r, extent = reduce.var, reduce.extent
+def _split(r: str, extent: Expr, indices: list[Expr]) -> tuple[_Split, dict[str, Expr]]:
+    """The variable r, or, where an index divides it by a constant c that divides its extent,
+    r = c * q + m over two variables (the division and remainder then vanish)."""
     divisors = {a.args[1].value for i in indices for mono, _ in i.terms for a in mono
                 if not isinstance(a, str) and a.fn in ("floordiv", "mod") and a.args[0] == Expr.of(r)
                 and a.args[1].is_const}

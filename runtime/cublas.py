@@ -4,7 +4,8 @@ output are each a strided matrix with one unit stride becomes one column-major s
 CuPy's matmul, by contrast, needs f32 copies of bf16 operands (a layer's weights, every call).
 An input operand whose variables do not flatten into a matrix (attention's output [heads, seq, d]
 read as [seq, heads * d] by the output projection) is first gathered, in its own type, into a
-contiguous scratch the launcher holds.
+contiguous scratch the launcher holds; a bf16 operand times an f32 one (prefill's bf16 values under
+f32 softmax weights) is gathered into f32, and the call runs in f32.
 
 `plan` is pure arithmetic on strides, so the layouts are tested without a GPU."""
 from __future__ import annotations
@@ -48,10 +49,15 @@ class Gather:
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     into: str
+    to: DType | None = None          # the type written, where it differs (bf16 widened to f32)
 
     @property
     def elements(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def stored(self) -> DType:
+        return self.to or self.dtype
 
 
 @dataclass(frozen=True)
@@ -102,8 +108,9 @@ def plan(gemm: Gemm, env: dict[str, int]) -> BlasCall | None:
     operand whose variables do not flatten), or None when the output does not flatten or the
     types do not fit cuBLAS."""
     a, b, out = gemm.a, gemm.b, gemm.out
-    if a.dtype is not b.dtype or a.dtype not in CUDA_TYPE or out.dtype not in CUDA_TYPE or \
-            (a.dtype is DType.F32 and out.dtype is not DType.F32):
+    wide = a.dtype if a.dtype is b.dtype else DType.F32
+    if {a.dtype, b.dtype} - {wide, DType.BF16} or wide not in CUDA_TYPE or out.dtype not in CUDA_TYPE or \
+            (wide is DType.F32 and out.dtype is not DType.F32):
         return None
     extent = {v: e.evaluate(env) for v, e in gemm.extents.items()}
     size = {g: math.prod(extent[v] for v in getattr(gemm, g)) for g in ("batch", "m", "n", "k")}
@@ -112,7 +119,8 @@ def plan(gemm: Gemm, env: dict[str, int]) -> BlasCall | None:
                                   ("out", out, ("batch", "m", "n"))):
         nested = {g: _nested_stride(operand, getattr(gemm, g), extent, env) for g in groups}
         where[name] = (operand.buffer, operand.dtype, operand.offset.evaluate(env))
-        if None in nested.values():
+        widened = name != "out" and operand.dtype is not wide
+        if None in nested.values() or widened:
             if name == "out":
                 return None
             variables = [v for g in groups for v in getattr(gemm, g)]
@@ -120,8 +128,8 @@ def plan(gemm: Gemm, env: dict[str, int]) -> BlasCall | None:
             gathers.append(Gather(operand.buffer, operand.dtype, operand.offset.evaluate(env),
                                   tuple(extent[v] for v in variables),
                                   tuple(operand.strides[v].evaluate(env) if v in operand.strides else 0
-                                        for v in variables), into))
-            where[name] = (into, operand.dtype, 0)
+                                        for v in variables), into, wide if widened else None))
+            where[name] = (into, wide, 0)
             inner = size[groups[1]] * size[groups[2]]
             nested = {groups[0]: inner, groups[1]: size[groups[2]], groups[2]: 1}
         strides.update({(name, g): s for g, s in nested.items()})
@@ -170,16 +178,20 @@ class CublasGemm:
         def gather_into(gather: Gather, args) -> None:
             held = scratch.get(gather.into)
             if held is None or held.size < gather.elements:
-                held = scratch[gather.into] = self.cp.empty(gather.elements, _storage(gather.dtype))
+                held = scratch[gather.into] = self.cp.empty(gather.elements, _storage(gather.stored))
             source = args[names.index(gather.buffer)]
-            item = held.itemsize
-            view = self.cp.ndarray(gather.shape, held.dtype, self.cp.cuda.MemoryPointer(
+            item = gather.dtype.np.itemsize
+            view = self.cp.ndarray(gather.shape, _storage(gather.dtype), self.cp.cuda.MemoryPointer(
                 source.data.mem, source.data.ptr - source.data.mem.ptr + gather.offset * item),
                 tuple(s * item for s in gather.strides))
-            held[:gather.elements].reshape(gather.shape)[...] = view
+            into = held[:gather.elements].reshape(gather.shape)
+            if gather.to is None:
+                into[...] = view
+            else:       # bf16 bits are an f32's upper half; one kernel, nothing allocated
+                _widen_bf16(self.cp)(view, into)
         if not self.gemm.symbols and self.plan({}) is not None:    # fixed sizes: the scratch now
             for gather in self.plan({}).gathers:
-                scratch[gather.into] = self.cp.empty(gather.elements, _storage(gather.dtype))
+                scratch[gather.into] = self.cp.empty(gather.elements, _storage(gather.stored))
 
         def launch(args, env):
             call = self.plan(env)
@@ -201,6 +213,16 @@ class CublasGemm:
                 zero.ctypes.data, at(call.c), CUDA_TYPE[call.c.dtype], call.c.ld, call.c.batch_stride,
                 call.batch, COMPUTE_32F, GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
         return launch
+
+
+_WIDEN: dict = {}
+
+
+def _widen_bf16(cp):
+    if "bf16" not in _WIDEN:
+        _WIDEN["bf16"] = cp.ElementwiseKernel("uint16 x", "uint32 y", "y = ((unsigned int)x) << 16",
+                                              "kiln_widen_bf16")
+    return _WIDEN["bf16"]
 
 
 def _storage(dtype: DType) -> np.dtype:

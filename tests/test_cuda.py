@@ -145,17 +145,18 @@ def _golden_cases(kernels):
 
 
 def test_a_library_call_is_offered_only_where_cublas_takes_it_at_fixed_sizes(tiny_kernels):
-    """Decode's sizes are fixed: a product cuBLAS cannot take in one call (the f32 x bf16 of
-    attention's PV) would fall back to CuPy's allocating matmul and keep the step from replaying
-    a CUDA graph, so the search is never offered it."""
+    """Decode's sizes are fixed: a product cuBLAS cannot take in one call would fall back to
+    CuPy's allocating matmul and keep the step from replaying a CUDA graph, so the search is never
+    offered it. Attention's f32 x bf16 P.V is taken: its values widened into f32 scratch first."""
     from kiln.codegen.library import as_gemm
     from kiln.runtime.cublas import plan
     from kiln.runtime.cuda import CudaBackend
     fixed = [k for k in tiny_kernels if as_gemm(k) and all(e.is_const for e in as_gemm(k).extents.values())]
     offered = {k: LibraryConfig() in CudaBackend.config_space(k) for k in fixed}
-    assert any(offered.values()) and not all(offered.values())
     for kernel, library in offered.items():
         assert library == (plan(as_gemm(kernel), {}) is not None), kernel.label
+    mixed = [k for k in offered if as_gemm(k).a.dtype is not as_gemm(k).b.dtype]
+    assert mixed and all(offered[k] and plan(as_gemm(k), {}).gathers[0].to is DType.F32 for k in mixed)
 
 
 def test_the_cublas_library_is_found_where_the_process_loaded_it():
@@ -329,7 +330,8 @@ def test_executors_of_one_model_read_one_copy_of_each_weight():
 
 @needs_gpu
 def test_cublas_takes_every_library_case_and_a_recording_replays_a_gathered_operand():
-    """Every library case runs as cuBLAS calls equal to the reference. Attention's output read as
+    """Every library case runs as cuBLAS calls equal to the reference (GQA's bf16 values widened
+    into f32 scratch under f32 weights among them). Attention's output read as
     [seq, heads * d] (a reduction over two variables that do not flatten) is gathered into the
     launcher's scratch first; at fixed sizes, as decode runs it, a CUDA graph records the gather
     and the call and replays them on new values."""
@@ -341,15 +343,15 @@ def test_cublas_takes_every_library_case_and_a_recording_replays_a_gathered_oper
     from kiln.runtime.cuda import CudaBackend
     from kiln.runtime.executor import Executor
     from tests.kernel_check import run_problems
-    from tests.test_library import cases, inp, matmul
+    from tests.test_library import cases, inp, matmul, policy
 
-    def library_executor(graph):
-        program = schedule(graph, FusionPolicy(4, 0))
+    def library_executor(graph, fusion=FusionPolicy(4, 0)):
+        program = schedule(graph, fusion)
         configs = [LibraryConfig() if as_gemm(k) else CudaConfig() for k in program.kernels]
         return Executor(graph, program, configs, backend)
     backend, rng = CudaBackend(), np.random.default_rng(5)
     for name, inputs, out, weights in cases():
-        executor = library_executor(Graph(inputs, [out], weights=weights, symbols={"t": (1, 16)}))
+        executor = library_executor(Graph(inputs, [out], weights=weights, symbols={"t": (1, 16)}), policy(name))
         for t in (1, 7):
             args = [rng.standard_normal(tuple(d.evaluate({"t": t}) for d in i.shape)).astype(i.dtype.np)
                     for i in inputs]

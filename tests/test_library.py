@@ -52,19 +52,33 @@ def cases():
     yield "split-reduction", [heads], matmul(merged, permute(wo, (1, 0))), wo_values
     yield "symbolic", [xs], elementwise(Op.ADD, matmul(xs, ws), reduce(Op.SUM_REDUCE, xs, [1], keepdim=True)), \
         values
+    # prefill's P.V: f32 softmax weights per query head times bf16 values per key/value head,
+    # each shared by two query heads (GQA's expand and reshape: value head h // 2)
+    p, v = inp("p", (4, sym("t"), sym("t"))), inp("v", (2, sym("t"), 8), DType.BF16)
+    shared = reshape(expand(reshape(v, (2, 1, sym("t"), 8)), (2, 2, sym("t"), 8)), (4, sym("t"), 8))
+    yield "gqa-mixed", [p, v], matmul(p, cast(shared, DType.F32)), {}
+
+
+def policy(name: str) -> FusionPolicy:
+    """Every elementwise value stored, so that each product reads plain loads; GQA's widened
+    values inlined (stored, they would be a copy per query head, the product no longer shared)."""
+    return FusionPolicy(12, 1) if name == "gqa-mixed" else FusionPolicy(4, 0)
 
 
 @pytest.mark.parametrize("case", list(cases()), ids=lambda c: c[0])
 def test_gemm_kernels_run_as_a_library_call_and_equal_the_reference(case):
     name, inputs, out, weights = case
     graph = Graph(inputs, [out], weights=weights, symbols={"t": (1, 16)})
-    program = schedule(graph, FusionPolicy(4, 0))
+    program = schedule(graph, policy(name))
     backend = CpuBackend()
     gemms = [k for k in program.kernels if as_gemm(k)]
     assert gemms, "the matrix product was not recognized"
     assert all(LibraryConfig() in backend.config_space(k) for k in gemms)
     if name == "split-reduction":    # k = 8 * head + d: the division by 8 became two variables
         assert [len(as_gemm(k).k) for k in gemms] == [2]
+    if name == "gqa-mixed":          # head = 2 * kv + h: kv a batch, h rows of the weights only
+        (gemm,) = [as_gemm(k) for k in gemms]
+        assert (len(gemm.batch), len(gemm.m)) == (1, 2) and (gemm.a.dtype, gemm.b.dtype) == (DType.F32, DType.BF16)
     configs = [LibraryConfig() if as_gemm(k) else KernelConfig() for k in program.kernels]
     executor = Executor(graph, program, configs, backend)
     rng = np.random.default_rng(1)
@@ -134,7 +148,7 @@ def test_cublas_call_layouts_compute_the_same_product_as_the_strided_views(case)
     from kiln.runtime.library import ArrayInterop, LibraryKernel
     name, inputs, out, weights = case
     graph = Graph(inputs, [out], weights=weights, symbols={"t": (1, 16)})
-    gemms = [as_gemm(k) for k in schedule(graph, FusionPolicy(4, 0)).kernels if as_gemm(k)]
+    gemms = [as_gemm(k) for k in schedule(graph, policy(name)).kernels if as_gemm(k)]
     interop = ArrayInterop(np, lambda a, dtype, count: a, lambda a, dtype: a, lambda a, dtype: a)
     rng = np.random.default_rng(3)
     for gemm in gemms:
@@ -142,8 +156,10 @@ def test_cublas_call_layouts_compute_the_same_product_as_the_strided_views(case)
             env = {"t": t}
             call = plan(gemm, env)
             assert call is not None, f"{name}: no cuBLAS layout at t={t}"
-            # k = (head, d) with head's stride t * 8 flattens only at t = 1: else it is gathered
-            assert len(call.gathers) == (name == "split-reduction" and t > 1), name
+            # k = (head, d) with head's stride t * 8 flattens only at t = 1: else it is gathered;
+            # bf16 values under f32 weights are always gathered, widened to f32
+            assert len(call.gathers) == (name == "split-reduction" and t > 1 or name == "gqa-mixed"), name
+            assert all((g.to is DType.F32) == (name == "gqa-mixed") for g in call.gathers)
             names = {gemm.a.buffer, gemm.b.buffer, gemm.out.buffer}
             inputs_ = {n: rng.standard_normal(4096).astype(np.float32) for n in names}
             want = {n: v.copy() for n, v in inputs_.items()}
