@@ -133,9 +133,12 @@ class CompiledGraph:
         if env is None:
             env = self._bound[signature] = self.graph.bind_symbols([tuple(a.shape) for a in args], dtypes)
         values: dict[int, object] = {id(n): a for n, a in zip(self.graph.inputs, args)}
+        if not recording:
+            self._write_symbols(env)
         for region, feeds, executor in zip(self.regions, self._feeds, self.executors):
             # between regions, outputs stay in the producing executor's memory (it runs once a call)
-            outputs = executor.run_bound([values[id(f)] for f in feeds], env, recording=recording)
+            outputs = executor.run_bound([values[id(f)] for f in feeds], env, recording=recording,
+                                         symbols_written=True)
             for node, value in zip(region.produces, outputs):
                 values[id(node)] = value
         passed = {id(a) for a in args}      # inputs written in place go back as they are
@@ -164,12 +167,16 @@ class CompiledGraph:
                 raise ShapeError(f"kiln: input {i} ('{self.graph.inputs[i].attrs['name']}') dimension "
                                  f"{axis} is {value}, outside {symbol}'s range {lo}..{hi}")
         self._stage(staged, args, views=False)
-        for symbols, buffer in self._symbol_buffers.items():
-            if symbols:
-                b.write_symbols(buffer, [env[s] for s in symbols])
+        self._write_symbols(env)
         replay()
         passed = {id(a) for a in staged}
         return [o if id(o) in passed else o.copy() for o in outputs]
+
+    def _write_symbols(self, env: dict[str, int]) -> None:
+        """The symbols' values where every region's kernels read them, once a call."""
+        for symbols, buffer in self._symbol_buffers.items():
+            if symbols:
+                self.backend.write_symbols(buffer, [env[s] for s in symbols])
 
     def _record(self, args) -> tuple[list, list, Callable[[], None]]:
         """The staging buffers, the outputs and the replay of a recording made on `args`."""

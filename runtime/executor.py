@@ -197,17 +197,22 @@ class Executor:
         inputs, env = self.bind(args)
         return self._run(inputs, env, copy)
 
-    def run_bound(self, args: list, env: dict[str, int], copy: bool = False, recording: bool = False) -> list:
+    def run_bound(self, args: list, env: dict[str, int], copy: bool = False, recording: bool = False,
+                  symbols_written: bool = False) -> list:
         """A call on inputs already the backend's arrays and checked, with the symbols' values
         (a compiled graph checks its inputs once for all its regions). `recording`: launched
-        at the largest sizes, the symbol buffers left as the caller wrote them."""
-        return self._run(dict(zip(self.program.inputs, args)), env, copy, recording)
+        at the largest sizes, the symbol buffers left as the caller wrote them. `symbols_written`:
+        the caller wrote env's values into the shared symbol buffers once for all its regions (on
+        the GPU a write from host memory waits for the work queued before it: one a region kept
+        the host from queuing ahead, and a prefill's kernels waited on its launches)."""
+        return self._run(dict(zip(self.program.inputs, args)), env, copy, recording, symbols_written)
 
-    def _run(self, inputs: dict, env: dict[str, int], copy: bool, recording: bool = False) -> list:
+    def _run(self, inputs: dict, env: dict[str, int], copy: bool, recording: bool = False,
+             symbols_written: bool = False) -> list:
         if self.runner is not None:
             self.runner(inputs, env)
         else:
-            if not recording:
+            if not (recording or symbols_written):
                 self.write_symbols(env)
             sizes = self.largest if recording else env
             for launch, kernel_args in zip(self._launchers, self._call_args(inputs)):
