@@ -93,7 +93,8 @@ class CudaConfig:
     points, not along the reduction, in one coalesced access (attention's P.V reads the V cache
     down its columns); they combine through shared memory. `stage`: what a shared reduction's steps
     compute from its variable alone (the normalized row a norm-merged GEMV reads) is computed once
-    per block into shared memory before the points, not once per point. `split`: the reduction's
+    per block into shared memory before the points, not once per point (and the launch holds no
+    more blocks than the GPU runs at once, each looping over its share of the points). `split`: the reduction's
     steps are shared among `split` blocks (split-K, flash-decoding's split of the context), each
     writing its partial value to scratch memory; the last of them to arrive combines the partials in
     order and finishes the point, so a few long reductions (P.V over a long context, a 512-row GEMV)
@@ -315,7 +316,11 @@ class _CudaBody(_Body):
             accs.append((acc, acc_type))
             updates.append(f"{acc} = {combine.format(a=acc, b=f'({acc_type}){value}')};")
             combines.append(combine)
-        extent, group, parts = index_code(s.extent), config.group, config.split
+        # a reduction before the points' loop (the norm's sum a merged GEMV reads at every point)
+        # is shared by the whole block, computed once, not once per group of its points
+        wide = level == 0
+        extent, parts = index_code(s.extent), config.split
+        group, lane = (config.block, "threadIdx.x") if wide else (config.group, "kiln_lane")
         begin = ""
         if parts > 1:   # this block's part of the steps: whole vectors, the last part shorter
             if set(group_of) != self.cooperative:
@@ -334,7 +339,7 @@ class _CudaBody(_Body):
         steps = -(-s.extent.value // (group * width * parts)) if s.extent.is_const else None
         block.append("#pragma unroll" if steps is not None and steps <= 16 else "#pragma unroll 4")
         if width > 1:
-            block.append(f"for (int64_t kiln_base = {begin}kiln_lane * {width}; kiln_base < {extent}; "
+            block.append(f"for (int64_t kiln_base = {begin}{lane} * {width}; kiln_base < {extent}; "
                          f"kiln_base += {group * width}) {{")
             block.extend("  " + line for line in outer)
             block.append("  #pragma unroll")
@@ -345,11 +350,11 @@ class _CudaBody(_Body):
             block.append("  }")
             block.append("}")
         else:
-            block.append(f"for (int64_t {s.var} = {begin}kiln_lane; {s.var} < {extent}; {s.var} += {group}) {{")
+            block.append(f"for (int64_t {s.var} = {begin}{lane}; {s.var} < {extent}; {s.var} += {group}) {{")
             block.extend("  " + line for line in outer + inner)
             block.extend("  " + update for update in updates)
             block.append("}")
-        results = [self._combine(acc, acc_type, combine, level, block)
+        results = [self._combine(acc, acc_type, combine, block, group)
                    for (acc, acc_type), combine in zip(accs, combines)]
         if parts > 1:
             self._finish_split(accs, combines, block)
@@ -403,10 +408,11 @@ class _CudaBody(_Body):
         first.append("}")
         first.append("__syncthreads();")
 
-    def _combine(self, acc: str, acc_type: str, combine: str, level: int, block: list[str]) -> str:
-        """The group's partial values of one accumulator combined, in every thread of the group."""
-        config, group = self.config, self.config.group
-        if config.across:   # the group's threads lie block / group apart: combine in shared memory
+    def _combine(self, acc: str, acc_type: str, combine: str, block: list[str], group: int) -> str:
+        """The partial values of one accumulator a group of `group` threads shares (the config's,
+        or the whole block) combined, in every thread of the group."""
+        config = self.config
+        if config.across and group == config.group:   # threads block / group apart: through shared memory
             shared, stride = f"kiln_shared{self.count}", config.points_per_block
             self.count += 1
             self.shared.append(f"__shared__ {acc_type} {shared}[{config.block}];")

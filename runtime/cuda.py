@@ -17,6 +17,7 @@ from .cublas import CublasGemm, before_capture, plan
 from .library import ArrayInterop, LibraryKernel
 
 _MAX_BLOCKS = 65535 * 8      # the grid-stride loop covers the rest
+_THREADS_PER_SM = 2048       # the most threads an SM holds at once (sm_80 and sm_90)
 
 
 def cupy_or_error():
@@ -46,6 +47,7 @@ class CudaBackend:
         self._stream = self.cp.cuda.Stream(non_blocking=False)
         self._l2_flush = None          # a buffer twice the L2 size, written between timed calls
         self._weights: dict[int, tuple[np.ndarray, object]] = {}   # id of a host weight: it, on the device
+        self._sms = self.cp.cuda.Device().attributes["MultiProcessorCount"]
         self._interop = ArrayInterop(self.cp, lambda a, dtype, count: a.ravel().view(storage(dtype)),
                                      self._to_f32, self._from_f32)
 
@@ -186,11 +188,16 @@ class CudaBackend:
         fixed = all(e.is_const for e in extents)
         parts = config.split
 
+        # a staged configuration's blocks each fill their rows first: no more of them than the
+        # GPU holds at once, each taking its share of the points, so the rows are computed once
+        # per resident block rather than once per few points
+        most = self._sms * (_THREADS_PER_SM // config.block) if config.stage else _MAX_BLOCKS // parts
+
         def blocks(env) -> int:
             points = 1
             for e in extents:
                 points *= e.value if fixed else e.evaluate(env)
-            runs = min(_MAX_BLOCKS // parts, -(-points * config.group // config.block))
+            runs = min(most, -(-points * config.group // config.block))
             return max(1, runs) * parts
         grid = (blocks({}),) if fixed else None
         block = (config.block,)
