@@ -354,6 +354,10 @@ def compile(model: str, out: str, backend: str, budget: str, max_seq: int, dtype
     graphs = compiled.report["graphs"]
     kernels = ", ".join(f"{name} {g['kernels']} kernels" for name, g in graphs.items())
     click.echo(f"wrote {out}: {loaded.name}, {backend}, {kernels}")
+    info = compiled.info
+    over = (f", {info['over_budget_s']:.0f} s past it (each region's program as lowered is always "
+            "checked and timed)" if info["over_budget_s"] >= 1 else "")
+    click.echo(f"searched {info['took_s']:.0f} s after lowering, of a {info['budget_s']:.0f} s budget{over}")
     if report:
         from .runtime.report import write_report
         click.echo(f"report: {write_report(out)}")

@@ -25,6 +25,10 @@ from .measure import Measurer, Region
 from .worker import IsolatedEvaluate
 
 
+# of a region's share of the budget, the search's; the rest measures and times its finalists
+SEARCH_SHARE = 0.75
+
+
 @dataclass
 class RegionReport:
     key: str
@@ -52,13 +56,14 @@ class GraphReport:
 
 def compile_graph(graph: Graph, backend, args: list[np.ndarray], seconds: float, db: TuneDB,
                   fingerprint: str, *, compile_id: str | None = None, seed: int = 0,
-                  max_candidates: int = 100_000, isolate: bool = True,
+                  max_candidates: int = 100_000, isolate: bool | IsolatedEvaluate = True,
                   on_progress: Callable[[Progress, float], None] = lambda p, left: None,
                   ) -> tuple[CompiledGraph, GraphReport]:
     """Search every distinct region of `graph` within `seconds` in all; `args` are call inputs
     whose reference run supplies each region's inputs (real activations). `isolate`: measure
-    candidates in a worker process (runtime/worker.py), so a crashing kernel costs only itself."""
-    start = time.monotonic()
+    candidates in a worker process (runtime/worker.py), so a crashing kernel costs only itself;
+    a worker passed in (one for every graph of a compile: its start-up paid once) stays open."""
+    start, budget = time.monotonic(), Deadline(seconds)
     compile_id = compile_id or uuid.uuid4().hex
     parts = regionlib.split(graph)
     groups = regionlib.distinct(parts)
@@ -69,28 +74,37 @@ def compile_graph(graph: Graph, backend, args: list[np.ndarray], seconds: float,
     report, choices = GraphReport(), {}
     # candidates run their kernels for the first time in a worker process (one for all regions);
     # the winner's kernels, checked there, run here
-    isolated = IsolatedEvaluate(backend.name, db.path, fingerprint) if isolate else None
+    own = isolate is True
+    isolated = IsolatedEvaluate(backend.name, db.path, fingerprint) if own else isolate or None
+    measured, restarts = (isolated.kernels_measured, isolated.restarts) if isolated else (0, 0)
+    # half the budget is shared equally (a small region can hold the heaviest kernel, the
+    # vocabulary projection), half by work (IR nodes times repeats); each region takes its share
+    # of the time left when it starts, so the graph ends within `seconds`
+    weights = [0.5 / len(groups) + 0.5 * g[0].size * len(g) / total_work for g in groups.values()]
+    left = sum(weights)
     try:
-        for (key, group), feeds in zip(groups.items(), inflows):
-            # half the budget is shared equally (a small region can hold the heaviest kernel, the
-            # vocabulary projection), half by work (IR nodes times repeats)
+        for (key, group), feeds, weight in zip(groups.items(), inflows, weights):
+            share = budget.share(weight, left)
+            left -= weight
             _search_region(graph, key, group, feeds, env, backend, db, fingerprint, compile_id, seed,
-                           max_candidates, rules, isolated, report, choices, on_progress,
-                           seconds * (0.5 / len(groups) + 0.5 * group[0].size * len(group) / total_work))
+                           max_candidates, rules, isolated, report, choices, on_progress, share)
     finally:
         if isolated:
-            report.kernels_measured += isolated.kernels_measured
-            report.worker_restarts += isolated.restarts
-            isolated.close()
+            report.kernels_measured += isolated.kernels_measured - measured
+            report.worker_restarts += isolated.restarts - restarts
+            if own:
+                isolated.close()
     report.seconds = time.monotonic() - start
     return CompiledGraph(graph, choices, backend), report
 
 
 def _search_region(graph, key, group, feeds, env, backend, db, fingerprint, compile_id, seed, max_candidates,
-                   rules, isolated, report, choices, on_progress, seconds) -> None:
-    """Saturate, search and tune one distinct region within `seconds`; records its choice and report."""
+                   rules, isolated, report, choices, on_progress, share: Deadline) -> None:
+    """Saturate, search and tune one distinct region by `share`; records its choice and report.
+    The search stops at SEARCH_SHARE of it; the rest is the finalists' (every configuration of
+    their kernels measured, each timed whole)."""
     rep = group[0]
-    deadline = Deadline(seconds)
+    deadline = Deadline(share.remaining() * SEARCH_SHARE)
     t0 = time.monotonic()
     saturated = saturate(rep.outputs, rules, Limits(max_seconds=max(1.0, deadline.remaining() / 4)))
     saturate_s = time.monotonic() - t0
@@ -104,12 +118,13 @@ def _search_region(graph, key, group, feeds, env, backend, db, fingerprint, comp
     label = rep.label if len(group) == 1 else f"{rep.label} (x{len(group)})"
 
     def end_to_end(outputs, variant: str) -> float:
-        """A finalist is what the user may run: every configuration of its kernels is measured,
-        past the deadline too (in the worker, where a crashing one costs only itself; candidates
-        evaluated late had only their default configurations timed), then it is timed whole."""
-        measurer.deadline = None
+        """A finalist is what the user may run: the configurations of its kernels are measured
+        past the search's deadline, until the region's (in the worker, where a crashing one costs
+        only itself; candidates evaluated late had only their default configurations timed), then
+        it is timed whole."""
+        measurer.deadline = share
         if isolated:
-            isolated.deadline = None
+            isolated.deadline = share
             isolated(outputs, variant)
         return measurer.end_to_end(outputs, variant)
     # every policy is tried while the budget lasts, in an order that puts the likely winners

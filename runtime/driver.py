@@ -16,12 +16,13 @@ import numpy as np
 
 from ..ir import Graph, KilnError, decode
 from ..ir.last_position import last_position
-from ..search.budget import parse_budget
+from ..search.budget import Deadline, parse_budget
 from ..search.tuner import Progress
 from ..search.tunedb import TuneDB
 from .artifact import check_writable
 from .compiled import CompiledGraph
 from .compiler import GraphReport, compile_graph
+from .worker import IsolatedEvaluate
 from .hardware import fingerprint_id
 from .model import CompiledModel, fingerprint, make_backend
 
@@ -93,9 +94,11 @@ def _progress(show: bool):
         yield update
 
 
-def _search(graphs: dict[str, tuple[Graph, list[np.ndarray], float]], backend_name: str,
+def _search(graphs: dict[str, tuple[Graph, list[np.ndarray], float]], budget: Deadline, backend_name: str,
             db_path, compile_id: str, seed: int, show: bool, max_candidates: int
             ) -> tuple[dict[str, CompiledGraph], dict, dict]:
+    """Each graph (graph, call inputs, weight) searched within its weight's share of the budget
+    left when it starts: the budget is wall time, what one graph overran the next ones lose."""
     backend = make_backend(backend_name)
     hardware = fingerprint(backend_name)
     # the tuning database's key: the hardware, and how the backend times (measurements taken one
@@ -104,13 +107,20 @@ def _search(graphs: dict[str, tuple[Graph, list[np.ndarray], float]], backend_na
     tuning_key = fingerprint_id({**hardware, **timing})
     compiled, reports = {}, {}
     with TuneDB(db_path or TuneDB.default_path()) as db, _progress(show) as update:
-        for name, (graph, args, seconds) in graphs.items():
-            compiled[name], report = compile_graph(
-                graph, backend, args, seconds, db, tuning_key, compile_id=f"{compile_id}:{name}",
-                seed=seed, max_candidates=max_candidates,
-                on_progress=lambda p, left, name=name: update(name, p, left))
-            reports[name] = _report_json(report, compiled[name])
-            reports[name]["compile_id"] = f"{compile_id}:{name}"
+        worker = IsolatedEvaluate(backend_name, db.path, tuning_key)   # one for every graph
+        try:
+            left = sum(weight for _, _, weight in graphs.values())
+            for name, (graph, args, weight) in graphs.items():
+                seconds = budget.share(weight, left).remaining()
+                left -= weight
+                compiled[name], report = compile_graph(
+                    graph, backend, args, seconds, db, tuning_key, compile_id=f"{compile_id}:{name}",
+                    seed=seed, max_candidates=max_candidates, isolate=worker,
+                    on_progress=lambda p, left, name=name: update(name, p, left))
+                reports[name] = _report_json(report, compiled[name])
+                reports[name]["compile_id"] = f"{compile_id}:{name}"
+        finally:
+            worker.close()
         bandwidth, db_path = backend.copy_bandwidth(), str(db.path)
     for r in reports.values():
         r.update(db=db_path, copy_bytes_per_s=bandwidth)
@@ -142,6 +152,7 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
     from ..frontend.lower import kiln_dtype
     seconds = budget if isinstance(budget, (int, float)) else parse_budget(budget)
     lowered = lowered or hf.lower_causal_lm(model, max_seq)
+    deadline = Deadline(seconds)       # what the budget covers: everything after lowering
     max_seq = lowered.max_seq
     rng = np.random.default_rng(seed)
     tune_seq = max(2, min(TUNE_SEQ, max_seq - 1))
@@ -150,7 +161,7 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
     _, caches = hf.prefill(lowered, prompt)
     token = rng.integers(0, lowered.vocab_size, size=(1, 1), dtype=np.int64)
     decode_programs = decode_buckets(max_seq)
-    decode_s = seconds * DECODE_SHARE / len(decode_programs)
+    decode_share = DECODE_SHARE / len(decode_programs)
     what = hashlib.sha256(f"lm {type(model).__name__} {model.config.to_json_string()} {max_seq} "
                           f"{backend} {all_logits}".encode()).hexdigest()[:16]
     compile_id = compile_id_for(out, resume, what, db)
@@ -159,20 +170,20 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
     buckets = prefill_buckets(max_seq)
     prompts = {name: prompt if n == tune_seq else rng.integers(0, lowered.vocab_size, size=(1, n), dtype=np.int64)
                for name, n in buckets.items()}
-    prefill_s = seconds * (1 - DECODE_SHARE) / len(buckets)
+    prefill_share = (1 - DECODE_SHARE) / len(buckets)
     prefill = lowered.prefill if all_logits else last_position(lowered.prefill)
     compiled, reports, hardware = _search(
-        {**{name: (lowered.decode, decode.decode_args(lowered.decode, token, pos, caches), decode_s)
+        {**{name: (lowered.decode, decode.decode_args(lowered.decode, token, pos, caches), decode_share)
             for name, (pos, _) in decode_programs.items()},
-         **{name: (prefill, [prompts[name]], prefill_s) for name in buckets}},
-        backend, db, compile_id, seed, progress, max_candidates)
+         **{name: (prefill, [prompts[name]], prefill_share) for name in buckets}},
+        deadline, backend, db, compile_id, seed, progress, max_candidates)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     info = {"vocab_size": lowered.vocab_size, "max_seq": max_seq,
             "cache_shape": list(lowered.cache.shape), "cache_dtype": kiln_dtype(lowered.cache.dtype).value,
             "layers": lowered.cache.layers, "eos_token_id": eos, "prefill_buckets": buckets,
             "prefill_logits": "all" if all_logits else "last",
             "decode_buckets": {name: start for name, (_, start) in decode_programs.items()},
-            "architecture": type(model).__name__, "budget_s": seconds}
+            "architecture": type(model).__name__, **_spent(seconds, deadline)}
     result = CompiledModel("lm", compiled, info, hardware, tokenizer, {"graphs": reports})
     if out is not None:
         result.save(out)
@@ -210,7 +221,16 @@ def compile(module, args: tuple, dynamic_shapes=None, backend: str = "cpu",
     from torch.utils import _pytree as pytree
     seconds = budget if isinstance(budget, (int, float)) else parse_budget(budget)
     graph = lower(module, args, dynamic_shapes=dynamic_shapes)
+    deadline = Deadline(seconds)
     arrays = [to_numpy(a) for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
-    compiled, reports, hardware = _search({"forward": (graph, arrays, seconds)}, backend, db,
+    compiled, reports, hardware = _search({"forward": (graph, arrays, 1.0)}, deadline, backend, db,
                                           uuid.uuid4().hex, seed, progress, max_candidates)
-    return CompiledModel("module", compiled, {"budget_s": seconds}, hardware, None, {"graphs": reports})
+    return CompiledModel("module", compiled, _spent(seconds, deadline), hardware, None, {"graphs": reports})
+
+
+def _spent(seconds: float, deadline: Deadline) -> dict:
+    """The budget and the time the compile took after lowering: past the budget by the work
+    that cannot stop at a deadline (each region's program as lowered is always checked and timed,
+    and a winner's kernels are built)."""
+    took = deadline.elapsed()
+    return {"budget_s": seconds, "took_s": took, "over_budget_s": max(0.0, took - seconds)}

@@ -1,4 +1,5 @@
-"""Time budgets: `--budget 1h30m` parsed to seconds, and a deadline the search loops poll."""
+"""Time budgets: `--budget 1h30m` parsed to seconds, and a deadline the search loops poll. A
+budget is wall time: a compile's graphs and their regions each take a share of what is left."""
 from __future__ import annotations
 
 import re
@@ -33,7 +34,8 @@ class Deadline:
 
     def __init__(self, seconds: float):
         self.seconds = seconds
-        self._end = time.monotonic() + seconds
+        self._start = time.monotonic()
+        self._end = self._start + seconds
 
     def remaining(self) -> float:
         return max(0.0, self._end - time.monotonic())
@@ -41,3 +43,13 @@ class Deadline:
     @property
     def expired(self) -> bool:
         return time.monotonic() >= self._end
+
+    def elapsed(self) -> float:
+        """Seconds since the deadline was set."""
+        return time.monotonic() - self._start
+
+    def share(self, weight: float, of: float) -> Deadline:
+        """A deadline `weight / of` of the time left now: one part of the work that remains (a
+        graph, a region) taking its share of what the parts before it left, so that time one part
+        overran comes out of the parts after it and the whole still ends on time."""
+        return Deadline(self.remaining() * (weight / of if of > 0 else 1.0))
