@@ -307,8 +307,8 @@ def rules_list(model: str | None) -> None:
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Folder to write the compiled artifact to (replaced atomically when it exists).")
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--budget", default="10m", show_default=True,
-              help="Search time for all graphs together: 90s, 10m, 2h, 1h30m ...")
+@click.option("--budget", help="Wall time for everything after lowering (search, checks, build): 90s, "
+              "10m, 2h, 1h30m ... [default: 10m; with --resume, what the interrupted compile had left]")
 @click.option("--max-seq", default=256, show_default=True, type=click.IntRange(2, None),
               help="KV cache positions: the longest prompt plus generated tokens.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
@@ -327,7 +327,7 @@ def rules_list(model: str | None) -> None:
               help="Prefill computes logits for every prompt position (for scoring a text); by "
                    "default only the last position's, the one generation samples from.")
 @_clean_errors
-def compile(model: str, out: str, backend: str, budget: str, max_seq: int, dtype: str, resume: bool,
+def compile(model: str, out: str, backend: str, budget: str | None, max_seq: int, dtype: str, resume: bool,
             db: str | None, seed: int, report: bool, lowered_path: str | None, all_logits: bool) -> None:
     """Compile MODEL (a causal LM) for this machine and write an artifact folder.
 
@@ -341,7 +341,7 @@ def compile(model: str, out: str, backend: str, budget: str, max_seq: int, dtype
     from .runtime.artifact import check_writable
     from .runtime.driver import compile_lm
     from .search.budget import parse_budget
-    seconds = parse_budget(budget)
+    seconds = parse_budget(budget) if budget is not None else None
     check_writable(Path(out))          # before minutes of loading and lowering, not after
     if lowered_path and not os.path.exists(lowered_path + ".json"):
         raise KilnError(f"kiln: no {lowered_path}.json; write it with 'kiln lower MODEL --out {lowered_path}'")

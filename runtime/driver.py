@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -29,6 +30,7 @@ from .model import CompiledModel, fingerprint, make_backend
 TUNE_SEQ = 32             # the prompt length decode's caches come from, and prefill's first bucket
 LONG_PROMPT = 512         # ... and the length of the second prefill bucket (where max_seq has room)
 DECODE_SHARE = 0.6        # of the budget: decode is what serving repeats
+DEFAULT_BUDGET_S = 600.0
 LONG_CONTEXT = 1024       # decode from this position on runs a program tuned on a long context
 
 
@@ -37,13 +39,19 @@ def _journal_path(out: Path) -> Path:
 
 
 def compile_id_for(out: str | Path | None, resume: bool, what: str,
-                   db: str | Path | None = None) -> str:
+                   db: str | Path | None = None, budget_s: float | None = None) -> str:
     """A fresh id, recorded beside `out` with the tuning database's path (where `kiln report`
-    finds a running compile's candidates); with resume, the id of the interrupted compile there."""
+    finds a running compile's candidates), the budget and when the search began; with resume,
+    the id of the interrupted compile there."""
+    return _journal(out, resume, what, db, budget_s)["compile_id"]
+
+
+def _journal(out: str | Path | None, resume: bool, what: str, db: str | Path | None,
+             budget_s: float | None) -> dict:
     if out is None:
         if resume:
             raise KilnError("kiln: resume needs the output folder of the interrupted compile")
-        return uuid.uuid4().hex
+        return {"compile_id": uuid.uuid4().hex}
     check_writable(Path(out))
     journal = _journal_path(Path(out))
     if resume:
@@ -55,14 +63,30 @@ def compile_id_for(out: str | Path | None, resume: bool, what: str,
         if data.get("what") != what:
             raise KilnError(f"kiln: the interrupted compile for {out} was of {data.get('what')}, "
                             f"not {what}; run without --resume to start afresh")
-        return data["compile_id"]
+        return data
     journal.parent.mkdir(parents=True, exist_ok=True)
-    compile_id = uuid.uuid4().hex
+    data = {"compile_id": uuid.uuid4().hex, "what": what,
+            "db": str(Path(db if db is not None else TuneDB.default_path()).expanduser().absolute()),
+            "budget_s": budget_s, "started_at": time.time()}
     tmp = journal.with_suffix(".tmp")
-    db_path = Path(db if db is not None else TuneDB.default_path()).expanduser().absolute()
-    tmp.write_text(json.dumps({"compile_id": compile_id, "what": what, "db": str(db_path)}))
+    tmp.write_text(json.dumps(data))
     os.replace(tmp, journal)
-    return compile_id
+    return data
+
+
+def _resumed_budget(journal: dict, db: str | Path | None, budget_s: float | None,
+                    show: bool) -> float:
+    """On resume, the budget given anew, else what the interrupted compile had left of its own
+    (its search ran from when it began to its last journaled candidate); says what it reads back."""
+    with TuneDB(db if db is not None else TuneDB.default_path()) as tunedb:
+        candidates, kernels, last = tunedb.recorded_since(journal["compile_id"], journal.get("started_at", 0.0))
+    spent = max(0.0, (last or journal.get("started_at", 0.0)) - journal.get("started_at", 0.0))
+    if budget_s is None:
+        budget_s = max(0.0, (journal.get("budget_s") or DEFAULT_BUDGET_S) - spent)
+    if show:
+        print(f"resuming: {candidates} candidates and {kernels} kernel timings from the database "
+              f"({spent:.0f} s searched before); {budget_s:.0f} s of search left", flush=True)
+    return budget_s
 
 
 def finish_journal(out: str | Path | None) -> None:
@@ -139,7 +163,7 @@ def _report_json(report: GraphReport, compiled: CompiledGraph) -> dict:
             "peak_bytes": compiled.peak_bytes}
 
 
-def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | float = "10m",
+def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | float | None = None,
                db: str | Path | None = None, out: str | Path | None = None, resume: bool = False,
                tokenizer=None, seed: int = 0, progress: bool = True,
                max_candidates: int = 100_000, lowered=None, all_logits: bool = False) -> CompiledModel:
@@ -147,10 +171,19 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
     prefill program and a decode program, each searched and tuned on this machine. `lowered`:
     graphs already lowered (`frontend.hf.load_lowered`), for a machine whose torch cannot export
     the model. Prefill's logits are the last position's ([1, 1, vocab], what generation samples
-    from) unless `all_logits`."""
+    from) unless `all_logits`. `budget`: wall time after lowering (10 minutes by default; with
+    `resume`, what the interrupted compile had left unless given)."""
     from ..frontend import hf
     from ..frontend.lower import kiln_dtype
-    seconds = budget if isinstance(budget, (int, float)) else parse_budget(budget)
+    given = budget if isinstance(budget, (int, float)) or budget is None else parse_budget(budget)
+    traced_seq = lowered.max_seq if lowered is not None else max_seq
+    what = hashlib.sha256(f"lm {type(model).__name__} {model.config.to_json_string()} {traced_seq} "
+                          f"{backend} {all_logits}".encode()).hexdigest()[:16]
+    seconds = given if given is not None else DEFAULT_BUDGET_S
+    journal = _journal(out, resume, what, db, seconds)     # checked before minutes of lowering
+    if resume:
+        seconds = _resumed_budget(journal, db, given, progress)
+    compile_id = journal["compile_id"]
     lowered = lowered or hf.lower_causal_lm(model, max_seq)
     deadline = Deadline(seconds)       # what the budget covers: everything after lowering
     max_seq = lowered.max_seq
@@ -162,9 +195,6 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
     token = rng.integers(0, lowered.vocab_size, size=(1, 1), dtype=np.int64)
     decode_programs = decode_buckets(max_seq)
     decode_share = DECODE_SHARE / len(decode_programs)
-    what = hashlib.sha256(f"lm {type(model).__name__} {model.config.to_json_string()} {max_seq} "
-                          f"{backend} {all_logits}".encode()).hexdigest()[:16]
-    compile_id = compile_id_for(out, resume, what, db)
     # prefill in length buckets: a kernel configuration (or a cuBLAS call) that wins at 32 tokens
     # can lose badly at 500, so long prompts run a program tuned at a long length
     buckets = prefill_buckets(max_seq)

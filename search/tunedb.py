@@ -165,6 +165,14 @@ class TuneDB:
             (compile_id, region, candidate_hash)).fetchone()
         return CandidateRecord(*row) if row else None
 
+    def recorded_since(self, compile_id: str, started_at: float) -> tuple[int, int, float | None]:
+        """What a compile recorded: its candidates (every graph's, ids `compile_id:graph`), the
+        kernel timings measured since it began, and when it recorded its last candidate."""
+        (candidates, last), = self._conn.execute(
+            "SELECT COUNT(*), MAX(recorded_at) FROM candidates WHERE compile_id LIKE ?", (f"{compile_id}:%",))
+        (kernels,), = self._conn.execute("SELECT COUNT(*) FROM kernels WHERE measured_at >= ?", (started_at,))
+        return candidates, kernels, last
+
     def stats(self, fingerprint: str) -> dict:
         """Counts for a report: kernels measured on this machine, failures in all and per reason."""
         (kernels,), = self._conn.execute("SELECT COUNT(*) FROM kernels WHERE fingerprint = ?",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -270,8 +271,10 @@ def _cli(*args, env=None, **kw):
 
 
 def test_killed_compile_resumes_without_re_measuring(tmp_path):
+    """A compile killed mid-search resumes from the database: nothing measured again, and it
+    spends only what the interrupted one had left of its budget, saying what it read back."""
     db, out = tmp_path / "tune.sqlite", tmp_path / "art"
-    args = ["compile", TINY, "--out", str(out), "--db", str(db), "--max-seq", "24", "--budget", "60s"]
+    args = ["compile", TINY, "--out", str(out), "--db", str(db), "--max-seq", "24", "--budget", "30s"]
     proc = _cli(*args)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:   # kill once a few candidates are journaled
@@ -292,9 +295,13 @@ def test_killed_compile_resumes_without_re_measuring(tmp_path):
         candidates_before = {r[:3]: r[3] for r in c.execute(
             "select compile_id, region, candidate_hash, recorded_at from candidates")}
     assert kernels_before and candidates_before
-    done = _cli(*args[:-2], "--budget", "20s", "--resume")
-    _, err = done.communicate(timeout=300)
+    done = _cli(*args[:-2], "--resume")
+    said, err = done.communicate(timeout=300)
     assert done.returncode == 0, err
+    read_back = re.search(r"resuming: (\d+) candidates and (\d+) kernel timings .*; (\d+) s of search left", said)
+    assert read_back, said
+    assert int(read_back[1]) == len(candidates_before) and int(read_back[2]) >= len(kernels_before) > 0
+    assert int(read_back[3]) < 30
     with sqlite3.connect(db) as c:
         kernels_after = dict(((r[0], r[1], r[2]), r[3]) for r in c.execute(
             "select source_hash, config, symbols, measured_at from kernels"))
