@@ -48,11 +48,13 @@ def replays(graph: Graph) -> bool:
 class CompiledGraph:
     """A graph whose regions run as the search chose them."""
 
-    def __init__(self, graph: Graph, choices: dict[str, Choice], backend):
+    def __init__(self, graph: Graph, choices: dict[str, Choice], backend,
+                 regions: list[regionlib.Region] | None = None):
+        """`regions`: the graph's, where the caller has split it already."""
         self.graph, self.choices, self.backend = graph, choices, backend
         self._recording = None
         self._bound: dict[tuple, dict[str, int]] = {}   # call signature -> its symbols' values
-        self.regions = regionlib.split(graph)
+        self.regions = regions if regions is not None else regionlib.split(graph)
         self.executors = []
         self._symbol_buffers: dict = {}     # shared by every region: a replay writes each once
         subs = [region_graph(graph, region, choices[region.key].outputs) for region in self.regions]

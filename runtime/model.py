@@ -181,10 +181,10 @@ class CompiledModel:
             raise KilnError(f"kiln: {folder} was tuned on other hardware: {differs}; compile it "
                             "again here (or load with check_hardware=False to run it untuned)")
         backend = make_backend(hardware.get("backend", "cpu"))
-        graphs = {}
+        graphs, parsed = {}, {}
         for name in manifest["graphs"]:
             record = _json(open_file(f"graphs/{name}.json"), folder, name)
-            graphs[name] = _compiled_from_record(record, tensors, backend, folder)
+            graphs[name] = _compiled_from_record(record, tensors, backend, folder, parsed)
             for fn, src in graphs[name].sources.items():
                 path = f"kernels/{fn}{backend.source_suffix}"
                 # region runners are made from the programs, like kernels; an artifact written
@@ -221,11 +221,17 @@ def _graph_record(compiled: CompiledGraph) -> dict:
     return {"graph": graph_to_json(compiled.graph), "choices": choices}
 
 
-def _compiled_from_record(record: dict, tensors: dict, backend, folder) -> CompiledGraph:
+def _compiled_from_record(record: dict, tensors: dict, backend, folder, parsed: dict) -> CompiledGraph:
+    """`parsed`: graphs already read by this load, with their regions, by their JSON: the prefill
+    buckets hold one graph, and splitting it into regions is most of a load's time."""
     try:
-        graph = graph_from_json(record["graph"])
-        graph.weights = {n.attrs["name"]: tensors[n.attrs["name"]] for n in graph.weight_nodes()}
-        keys = {r.key for r in regionlib.split(graph)}
+        text = json.dumps(record["graph"], sort_keys=True)
+        if text not in parsed:
+            graph = graph_from_json(record["graph"])
+            graph.weights = {n.attrs["name"]: tensors[n.attrs["name"]] for n in graph.weight_nodes()}
+            parsed[text] = graph, regionlib.split(graph)
+        graph, regions = parsed[text]
+        keys = {r.key for r in regions}
         choices = {}
         for key, c in record["choices"].items():
             program = graph_from_json(c["program"])
@@ -235,4 +241,4 @@ def _compiled_from_record(record: dict, tensors: dict, backend, folder) -> Compi
             raise KeyError(f"regions without a choice: {sorted(keys - choices.keys())}")
     except (KeyError, TypeError, ValueError) as err:
         raise KilnError(f"kiln: the artifact {folder} is corrupted: {err}") from err
-    return CompiledGraph(graph, choices, backend)
+    return CompiledGraph(graph, choices, backend, regions)
