@@ -106,6 +106,9 @@ def _check_prompt(input_ids: list[int], max_new_tokens: int, vocab_size: int, ma
     # the last new token is returned, never fed back, so it takes no cache position
     needed = len(input_ids) + max_new_tokens - 1
     if needed > max_seq:
+        room = max_seq - len(input_ids) + 1
+        fix = (f"ask for at most {room} new tokens" if len(input_ids) <= max_seq
+               else f"shorten the prompt to at most {max_seq} tokens")
         raise ShapeError(f"kiln: a prompt of {len(input_ids)} tokens and {max_new_tokens} new tokens "
-                         f"need {needed} positions, but the model was compiled for {max_seq} "
-                         "(--max-seq at compile time decides it)")
+                         f"need {needed} cache positions (the last new token is never fed back), but "
+                         f"the model was compiled for {max_seq}: {fix}, or compile with a larger --max-seq")

@@ -154,7 +154,9 @@ def test_transformers_text_streamer_accepts_both_puts():
     ([1, 2], 0, {}, KilnError, "max_new_tokens"),
     ([1, VOCAB, -1], 4, {}, KilnError, f"token id {VOCAB} at prompt position 1"),
     ([1, -3], 4, {}, KilnError, "token id -3 at prompt position 1"),
-    ([1] * 30, 4, {}, ShapeError, "need 33 positions, but the model was compiled for 32 (--max-seq"),
+    ([1] * 30, 4, {}, ShapeError, "need 33 cache positions (the last new token is never fed back), "
+                                  "but the model was compiled for 32: ask for at most 3 new tokens"),
+    ([1] * 40, 1, {}, ShapeError, "shorten the prompt to at most 32 tokens"),
     ([1], 4, dict(do_sample=True, temperature=0.0), KilnError, "temperature"),
     ([1], 4, dict(do_sample=True, temperature=-1.0), KilnError, "temperature"),
     ([1], 4, dict(do_sample=True, top_p=0.0), KilnError, "top_p"),
