@@ -79,12 +79,12 @@ def split(graph: Graph) -> list[Region]:
                                     for i in n.inputs if id(i) in dependent), default=0)
     count = len(cuts) + 1 if cuts else 1
     hoisted = _hoist_shared(order, dependent, region_of) if cuts else set()
+    exported = _exported(graph, order, region_of) | hoisted
+    sunk = _sink_views(graph, order, region_of, exported)
     members: list[list[Node]] = [[] for _ in range(count)]
     for n in order:
         if id(n) in region_of:
             members[region_of[id(n)]].append(n)
-    exported = _exported(graph, order, region_of) | hoisted
-    sunk = _sink_views(graph, order, region_of, exported)
     free_outputs = [o for o in graph.outputs if id(o) not in dependent and id(o) not in region_of
                     and o.op is not Op.INPUT]
     regions = []
@@ -323,9 +323,23 @@ def _sink_views(graph: Graph, order: list[Node], region_of: dict[int, int], expo
         if id(n) in exported and n.op in _FREE_VIEWS and id(n) in region_of and id(n) not in outputs:
             exported.discard(id(n))
             sunk.add(id(n))
-            if id(n.inputs[0]) in region_of:
-                exported.add(id(n.inputs[0]))
+            source = n.inputs[0]
+            if id(source) not in region_of and not _leafy(source):
+                # a hoisted view's source, computed from no user input (a prefill's rotary
+                # tables, its causal mask): computed where the view was hoisted, once, not again
+                # in every region that reads the view
+                region_of[id(source)] = region_of[id(n)]
+            if id(source) in region_of:
+                exported.add(id(source))
     return sunk
+
+
+def _leafy(n: Node) -> bool:
+    """A constant, an iota or an input, through views and casts: each region keeps its own copy,
+    where rules can see the value."""
+    while n.inputs and n.op in _FREE_VIEWS | {Op.CAST}:
+        n = n.inputs[0]
+    return not n.inputs
 
 
 def _label(k: int, count: int, layered: bool, layers: int) -> str:

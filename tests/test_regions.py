@@ -93,6 +93,17 @@ def test_no_region_outputs_a_view(llama_three_layers, which):
         assert not crossing, f"{region.label} outputs views {[p.op.value for p in crossing]}"
 
 
+def test_prefill_computes_its_rotary_tables_and_mask_once(llama_three_layers):
+    """Values no user input reaches that every layer reads through a view (a prefill's rotary
+    tables from an iota of positions, its causal mask) are computed in the prologue and flow into
+    the layers: each layer once computed them again (six kernels a layer on Llama-3.2-1B)."""
+    from kiln.ir.graph import toposort
+    parts = regions.split(llama_three_layers.prefill)
+    computed = [{n.op for n in toposort(r.outputs)} for r in parts]
+    assert Op.SIN in computed[0]
+    assert all(Op.SIN not in ops and Op.MOD not in ops for ops in computed[1:-1])
+
+
 def test_a_graph_without_layers_is_one_region():
     x = Node(Op.INPUT, name="x", role="input", shape=shape_of((2, 3)), dtype=DType.F32)
     w = Node(Op.INPUT, name="proj.weight", role="weight", shape=shape_of((2, 3)), dtype=DType.F32)
