@@ -11,6 +11,7 @@ f32 softmax weights) is gathered into f32, and the call runs in f32.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 from dataclasses import dataclass
 
@@ -215,14 +216,9 @@ class CublasGemm:
         return launch
 
 
-_WIDEN: dict = {}
-
-
+@functools.cache
 def _widen_bf16(cp):
-    if "bf16" not in _WIDEN:
-        _WIDEN["bf16"] = cp.ElementwiseKernel("uint16 x", "uint32 y", "y = ((unsigned int)x) << 16",
-                                              "kiln_widen_bf16")
-    return _WIDEN["bf16"]
+    return cp.ElementwiseKernel("uint16 x", "uint32 y", "y = ((unsigned int)x) << 16", "kiln_widen_bf16")
 
 
 def _storage(dtype: DType) -> np.dtype:
