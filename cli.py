@@ -350,7 +350,7 @@ def compile(model: str, out: str, backend: str, budget: str | None, max_seq: int
     lowered = hf.load_lowered(lowered_path, lm) if lowered_path else None
     compiled = compile_lm(lm, max_seq=max_seq, backend=backend, budget=seconds, db=db, out=out,
                           resume=resume, tokenizer=loaded.tokenizer, seed=seed, lowered=lowered,
-                          all_logits=all_logits)
+                          all_logits=all_logits, name=loaded.name)
     graphs = compiled.report["graphs"]
     kernels = ", ".join(f"{name} {g['kernels']} kernels" for name, g in graphs.items())
     click.echo(f"wrote {out}: {loaded.name}, {backend}, {kernels}")
@@ -400,7 +400,8 @@ def info(artifact: str) -> None:
     manifest, open_file, tensors = read_artifact(Path(artifact))
     report = json.loads(open_file("report.json"))
     hw = manifest.get("hardware", {})
-    click.echo(f"{artifact}: {manifest.get('kind')} {manifest['info'].get('architecture', '')}, "
+    model = manifest["info"].get("model") or manifest["info"].get("architecture", "")
+    click.echo(f"{artifact}: {manifest.get('kind')} {model} ({manifest['info'].get('architecture', '')}), "
                f"Kiln {manifest.get('kiln_version')}, backend {hw.get('backend')}")
     click.echo(f"hardware: {hw.get('cpu')} ({hw.get('usable_cores')} cores), gcc {hw.get('gcc')}")
     click.echo(f"weights: {len(tensors)} tensors, {sum(t.nbytes for t in tensors.values()) / 1e6:,.1f} MB")

@@ -166,13 +166,15 @@ def _report_json(report: GraphReport, compiled: CompiledGraph) -> dict:
 def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | float | None = None,
                db: str | Path | None = None, out: str | Path | None = None, resume: bool = False,
                tokenizer=None, seed: int = 0, progress: bool = True,
-               max_candidates: int = 100_000, lowered=None, all_logits: bool = False) -> CompiledModel:
+               max_candidates: int = 100_000, lowered=None, all_logits: bool = False,
+               name: str | None = None) -> CompiledModel:
     """Compile a transformers causal LM (batch 1, static KV cache of max_seq positions) into a
     prefill program and a decode program, each searched and tuned on this machine. `lowered`:
     graphs already lowered (`frontend.hf.load_lowered`), for a machine whose torch cannot export
     the model. Prefill's logits are the last position's ([1, 1, vocab], what generation samples
     from) unless `all_logits`. `budget`: wall time after lowering (10 minutes by default; with
-    `resume`, what the interrupted compile had left unless given)."""
+    `resume`, what the interrupted compile had left unless given). `name`: the model's, as the
+    report and `kiln info` show it (its architecture otherwise)."""
     from ..frontend import hf
     from ..frontend.lower import kiln_dtype
     given = budget if isinstance(budget, (int, float)) or budget is None else parse_budget(budget)
@@ -213,7 +215,8 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
             "layers": lowered.cache.layers, "eos_token_id": eos, "prefill_buckets": buckets,
             "prefill_logits": "all" if all_logits else "last",
             "decode_buckets": {name: start for name, (_, start) in decode_programs.items()},
-            "architecture": type(model).__name__, **_spent(seconds, deadline)}
+            "architecture": type(model).__name__, "model": name or type(model).__name__,
+            **_spent(seconds, deadline)}
     result = CompiledModel("lm", compiled, info, hardware, tokenizer, {"graphs": reports})
     if out is not None:
         result.save(out)

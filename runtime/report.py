@@ -161,7 +161,8 @@ class Raw(str):
 
 
 def render(src: Source) -> str:
-    name = src.manifest.get("info", {}).get("architecture") or src.folder.name
+    info = src.manifest.get("info", {})
+    name = info.get("model") or info.get("architecture") or src.folder.name
     title = f"Kiln compile report: {name}" + ("" if src.finished else " (in progress)")
     body = [f"<h1>{escape(title)}</h1>", _summary(src)]
     for graph, data in src.graphs.items():

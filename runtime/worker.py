@@ -47,6 +47,27 @@ TRIAL_TIMEOUT_S = 30.0          # one kernel configuration's check and timing
 RETRIES = 3                     # fresh workers a candidate gets while its faults are not its own
 
 
+WORKER_PREFIX = "kiln-worker-"    # then the compiling process's id: whose folder it is
+
+
+def _remove_orphans() -> None:
+    """Worker folders whose compiling process is gone (killed, so it never cleaned up)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{WORKER_PREFIX}*-*"):
+        owner = folder.name[len(WORKER_PREFIX):].split("-")[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # another user's process: alive
+        return True
+    return True
+
+
 class IsolatedEvaluate:
     """`evaluate(outputs, variant) -> Outcome` for the tuner, run in a worker process."""
 
@@ -59,7 +80,8 @@ class IsolatedEvaluate:
         paid once, not per region."""
         self.backend_name, self.db_path, self.fingerprint = backend_name, db_path, fingerprint
         self.min_timeout_s, self.trial_timeout_s = timeout_s, trial_timeout_s
-        self.root = Path(tempfile.mkdtemp(prefix="kiln-worker-"))
+        _remove_orphans()
+        self.root = Path(tempfile.mkdtemp(prefix=f"{WORKER_PREFIX}{os.getpid()}-"))
         self.folder: Path | None = None
         self.deadline = deadline
         self.kernels_measured = 0

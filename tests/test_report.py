@@ -21,7 +21,7 @@ from kiln.runtime.report import write_report
 from kiln.search.tunedb import TuneDB
 from tests.helpers import tiny_llama
 
-TITLE = "Kiln compile report: LlamaForCausalLM"
+TITLE = "Kiln compile report: tiny-llama"   # the model's name, not its architecture
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def compiled(tmp_path_factory):
     (this small search rarely meets one by itself). Returns (artifact, db, report.json)."""
     root = tmp_path_factory.mktemp("report")
     out, db = root / "tiny", root / "tune.sqlite"
-    kiln.compile_lm(tiny_llama(2), max_seq=32, budget="8s", db=db, out=out, progress=False)
+    kiln.compile_lm(tiny_llama(2), max_seq=32, budget="8s", db=db, out=out, progress=False, name="tiny-llama")
     report = json.loads((out / "report.json").read_text())
     decode = report["graphs"]["decode"]
     with TuneDB(db) as tdb:

@@ -4,6 +4,7 @@ replaced by one that segfaults or never returns, and the real worker runs it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -235,3 +236,24 @@ def _stat(path: Path) -> list[str]:
         return path.read_text().rsplit(")", 1)[1].split()[:2]
     except OSError:
         return []
+
+
+def test_a_killed_compiles_worker_folder_is_removed_by_the_next(tmp_path, monkeypatch):
+    """A compile killed with SIGKILL leaves its worker folder behind; the next compile's worker
+    removes folders whose compiling process is gone, and keeps those of one still running."""
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    orphan = tmp_path / f"kiln-worker-{gone.pid}-abc"
+    running = tmp_path / f"kiln-worker-{os.getpid()}-def"
+    for folder in (orphan, running):
+        (folder / "region1").mkdir(parents=True)
+    worker = IsolatedEvaluate("cpu", tmp_path / "tune.sqlite", "fp")
+    try:
+        assert not orphan.exists() and running.exists()
+        assert worker.root.parent == tmp_path
+        assert worker.root.name.startswith(f"kiln-worker-{os.getpid()}-")
+    finally:
+        worker.close()
+    assert not worker.root.exists()
