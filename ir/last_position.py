@@ -7,23 +7,44 @@ back through the nodes only that output reads: elementwise ops and casts, reduct
 axes, broadcasts, permutes and reshapes that keep the axis whole. Where it meets a node that
 something else reads (the residual stream the KV-cache outputs need) it slices there. For a
 causal LM this computes the final norm, the head and the last layer's query, attention and MLP
-for one position, while the caches are written for all."""
+for one position, while the caches are written for all.
+
+With `at_length`, the index is a symbol read from a graph input of its own, LENGTH [n] (its values
+never read, as decode's window): the last position of the first n. A prompt padded to a longer
+length then gives the logits of its last real token, so that one recording (a CUDA graph) of the
+program at a padded length serves every prompt that pads to it: causal attention keeps the real
+positions blind to the padding, and decode overwrites the cache slots it filled before reading them."""
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 
+import numpy as np
+
 from .build import slice_axis
+from .dtypes import DType
+from .errors import ShapeError
 from .graph import Graph, Node, toposort
 from .ops import Kind, Op
-from .symbolic import Expr
+from .symbolic import Expr, sym
+
+LENGTH = "length"     # the symbol and input name of the length whose last position counts
 
 _ELEMENTWISE = (Kind.UNARY, Kind.BINARY, Kind.TERNARY, Kind.CAST)
 
 
-def last_position(graph: Graph, output: int = 0, axis: int = 1) -> Graph:
-    """`graph` with output `output` restricted to the last index along `axis` (kept, of size 1)."""
+def last_position(graph: Graph, output: int = 0, axis: int = 1, at_length: bool = False) -> Graph:
+    """`graph` with output `output` restricted to the last index along `axis` (kept, of size 1);
+    with `at_length`, to index n - 1 for an input LENGTH [n] appended to the graph's inputs."""
     target = graph.outputs[output]
+    inputs, symbols = list(graph.inputs), dict(graph.symbols)
+    position = None
+    if at_length:
+        size = target.shape[axis]
+        longest = size.value if size.is_const else graph.symbols[size.symbol_name][1]
+        symbols[LENGTH] = (1, longest)
+        inputs.append(Node(Op.INPUT, name=LENGTH, role="input", shape=(sym(LENGTH),), dtype=DType.BOOL))
+        position = sym(LENGTH) - 1
     order = toposort(graph.outputs)
     readers: dict[int, set[int]] = defaultdict(set)
     for node in order:
@@ -44,11 +65,12 @@ def last_position(graph: Graph, output: int = 0, axis: int = 1) -> Graph:
 
     def _last(node: Node, axis: int) -> Node:
         length = node.shape[axis]
-        if length == Expr.of(1):
+        if length == Expr.of(1):     # a broadcast along the axis: every position's value
             return node
         pushed = _pushed_axes(node, axis) if id(node) in exclusive else None
         if pushed is None:
-            return slice_axis(node, axis, length - 1, length)
+            start = length - 1 if position is None else position
+            return slice_axis(node, axis, start, start + 1)
         inputs = [x if a is None else last(x, a) for x, a in zip(node.inputs, pushed)]
         shape = node.shape[:axis] + (Expr.of(1),) + node.shape[axis + 1:]
         if node.op in (Op.EXPAND, Op.RESHAPE):
@@ -57,8 +79,31 @@ def last_position(graph: Graph, output: int = 0, axis: int = 1) -> Graph:
 
     outputs = list(graph.outputs)
     outputs[output] = last(target, axis)
-    return Graph(list(graph.inputs), outputs, weights=graph.weights, symbols=dict(graph.symbols),
+    return Graph(inputs, outputs, weights=graph.weights, symbols=symbols,
                  out_spec=graph.out_spec, in_spec=graph.in_spec)
+
+
+PAD_SHORTEST = 32     # the shortest padded prompt; then doubling
+
+
+def padded_length(length: int, longest: int) -> int:
+    """The length a prompt of `length` tokens pads to: 32, 64, 128, ... at most `longest`."""
+    return min(longest, max(PAD_SHORTEST, 1 << (length - 1).bit_length()))
+
+
+def prompt_args(graph: Graph, ids: np.ndarray, pad: bool = False) -> list:
+    """A prefill graph's inputs for the prompt `ids` [1, n]. Where the graph reads a LENGTH input
+    (last_position's at_length), that input; with `pad`, ids padded with zeros to padded_length."""
+    length = np.shape(ids)[1]
+    if not graph.inputs or graph.inputs[-1].attrs["name"] != LENGTH:
+        return [ids]
+    if pad:
+        size = graph.inputs[0].shape[1]
+        longest = size.value if size.is_const else graph.symbols[size.symbol_name][1]
+        padding = padded_length(length, longest) - length
+        if padding > 0:
+            ids = np.concatenate([ids, np.zeros((1, padding), np.asarray(ids).dtype)], axis=1)
+    return [ids, np.zeros(length, dtype=np.bool_)]
 
 
 def _pushed_axes(node: Node, axis: int) -> list[int | None] | None:

@@ -42,9 +42,9 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
     # other processes' load decides how long OpenMP's threads wait for cores: it goes with the figures
     load_before = os.getloadavg()[0]
     # Kiln, then eager, in separate blocks: each one's idle threads spin on the cores the other needs
-    prefill_graph, decode_graph = compiled.prefill_graph(prompt_len), compiled.decode_graph(prompt_len)
-    kiln_prefill = _median_time(lambda: prefill_graph(prompt), 3)
-    _, *caches = prefill_graph(prompt)
+    decode_graph = compiled.decode_graph(prompt_len)
+    kiln_prefill = _median_time(lambda: compiled.prefill(prompt), 3)
+    _, caches = compiled.prefill(prompt)
     caches = [np.require(c, requirements="CW") for c in caches]
     kiln_logits, kiln_decode = [], []
     for k, token in enumerate(steps):

@@ -20,6 +20,7 @@ from ..ir.decode import decode_args, window_length
 
 
 AT_POSITION_TOKENS = 32      # decode steps timed from each position asked for (after 4 of warm-up)
+SHORT_PROMPT = 32            # the short prompt whose time to first token is measured
 
 
 def _decode_rate(step, tokens: int, warmup: int = 4) -> float:
@@ -37,7 +38,14 @@ def _decode_rate(step, tokens: int, warmup: int = 4) -> float:
 
 
 def _prefill_rate(run, length: int, repeats: int = 5) -> float:
-    run()
+    return length / _call_s(run, repeats)
+
+
+def _call_s(run, repeats: int = 5, warm: int = 2) -> float:
+    """The median seconds of a call after `warm` calls (Kiln records a prompt length's CUDA graph
+    on its second call), the GPU's work included."""
+    for _ in range(warm):
+        run()
     torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
@@ -45,7 +53,15 @@ def _prefill_rate(run, length: int, repeats: int = 5) -> float:
         run()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return length / statistics.median(times)
+    return statistics.median(times)
+
+
+def _first_call_s(run) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    run()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 def _copy_bandwidth() -> float:
@@ -127,7 +143,7 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
                                                              "in_graph": inside}
         print(f"  kiln decode at position {pos}: {rate:.1f} tok/s ({name}, {at.kernel_count} kernels)", flush=True)
     result["kiln_kernels_per_token"] = decode.kernel_count
-    result["kiln_decode_replays_a_graph"] = decode._recording is not None
+    result["kiln_decode_replays_a_graph"] = decode.replayed
     regions = compiled.report["graphs"]["decode"]["regions"]
     # what the step costs beside what its kernels cost one by one: the share lost between kernels
     result["kiln_decode_kernel_sum_s"] = sum(r["estimate_s"] * r["count"] for r in regions)
@@ -142,9 +158,17 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
         for row in inside["slowest"][:10]:
             print(f"    {row['seconds'] * 1e6:7.1f} us x{row['calls']:<3d} {row['label']} "
                   f"{row['bytes_per_s'] / 1e9:.0f} GB/s", flush=True)
-    result["kiln_prefill_tokens_per_s"] = _prefill_rate(lambda: compiled.prefill_graph(prefill)(prompt), prefill)
+    # a prompt length's first call runs launched, its second records a CUDA graph, later ones
+    # replay it; prompts pad to 32, 64, 128, ... tokens (ir/last_position.py)
+    result["kiln_prefill_first_call_s"] = _first_call_s(lambda: compiled.prefill(prompt))
+    result["kiln_prefill_tokens_per_s"] = _prefill_rate(lambda: compiled.prefill(prompt), prefill)
+    result["kiln_prefill_replays_a_graph"] = compiled.prefill_graph(prefill).replayed
+    short = prompt[:, :SHORT_PROMPT]
+    result["kiln_short_prompt_first_call_s"] = _first_call_s(lambda: compiled.prefill(short))
+    result["kiln_short_prompt_s"] = _call_s(lambda: compiled.prefill(short))
     result["kiln_report"] = compiled.report
-    _log(result, json_path, "kiln_prefill_tokens_per_s")
+    _log(result, json_path, "kiln_prefill_first_call_s", "kiln_prefill_tokens_per_s",
+         "kiln_short_prompt_first_call_s", "kiln_short_prompt_s")
     for line in _slowest_kernels(compiled.report["graphs"].get("decode", {})):
         print("   ", line, flush=True)
 
@@ -181,7 +205,10 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
         with torch.no_grad():
             fn(input_ids=torch_prompt, use_cache=False, **keep)
     result["eager_prefill_tokens_per_s"] = _prefill_rate(eager_prefill, prefill)
-    _log(result, json_path, "eager_decode_tokens_per_s", "eager_prefill_tokens_per_s")
+    short_prompt = torch_prompt[:, :SHORT_PROMPT]
+    with torch.no_grad():
+        result["eager_short_prompt_s"] = _call_s(lambda: gpu_model(input_ids=short_prompt, use_cache=False, **keep))
+    _log(result, json_path, "eager_decode_tokens_per_s", "eager_prefill_tokens_per_s", "eager_short_prompt_s")
     result["kiln_vs_eager_rel_error"] = _rel_error(kiln_logits, eager_logits)
     if dtype != "float32":   # whose rounding the gap is: both against the same steps in fp32
         reference = _fp32_logits(gpu_model, cache, ids, start_pos, len(eager_logits))
@@ -300,6 +327,12 @@ def run_gpu_bench(spec: str, dtype: str, tokens: int, budget: str, max_seq: int,
           f"logits vs eager rel. error {r['kiln_vs_eager_rel_error']:.1e}" +
           (f"; vs fp32: Kiln {r['kiln_vs_fp32_rel_error']:.1e}, eager {r['eager_vs_fp32_rel_error']:.1e}"
            if "kiln_vs_fp32_rel_error" in r else ""))
+    if "kiln_short_prompt_s" in r:
+        print(f"  kiln prefill: {r['prefill_tokens']} tokens {r['kiln_prefill_first_call_s'] * 1e3:.1f} ms on a "
+              f"length's first call, {r['prefill_tokens'] / r['kiln_prefill_tokens_per_s'] * 1e3:.1f} ms later "
+              f"({'CUDA graph replays' if r['kiln_prefill_replays_a_graph'] else 'launched'}); a {SHORT_PROMPT}-token "
+              f"prompt {r['kiln_short_prompt_first_call_s'] * 1e3:.1f} ms first, {r['kiln_short_prompt_s'] * 1e3:.2f} ms "
+              f"later, eager {r.get('eager_short_prompt_s', float('nan')) * 1e3:.2f} ms")
     if json_path:
         _write_json(r, json_path)
         print(f"wrote {json_path} and {_chart(r, json_path.removesuffix('.json') + '.png')}")

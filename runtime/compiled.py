@@ -13,7 +13,7 @@ from ..codegen.schedule import POLICIES, Program, schedule
 from ..ir import Graph, Node, ShapeError
 from ..ir.graph import is_weight
 from ..search import regions as regionlib
-from .executor import Executor, Scratch, plan_buffers
+from .executor import Executor, Scratch, fixed_symbols, plan_buffers
 
 
 @dataclass
@@ -33,16 +33,22 @@ def region_graph(graph: Graph, region: regionlib.Region, outputs: list[Node]) ->
                  weights=weights, symbols=dict(graph.symbols))
 
 
-def replays(graph: Graph) -> bool:
-    """Whether a backend that records launches runs `graph` as one recording: its outputs have
-    one size whatever its symbols, and an input of a symbolic size is one whose length alone
-    counts (decode's logits and caches; the window it attends over is a symbol the kernels read
-    on the device). Prefill reads a prompt of any length: a recording at the longest would run
-    every product at max_seq rows, and none could be a library call. A last-position prefill's
-    outputs have fixed sizes too; its prompt is what tells it apart."""
+def read_inputs(graph: Graph) -> list[Node]:
     read = {id(x) for node in graph.nodes() for x in node.inputs} | {id(o) for o in graph.outputs}
-    sized = [n for n in graph.inputs if id(n) in read and not all(d.is_const for d in n.shape)]
-    return not sized and all(d.is_const for n in graph.outputs for d in n.shape)
+    return [n for n in graph.inputs if id(n) in read]
+
+
+def replays(graph: Graph) -> bool:
+    """Whether a backend that records launches runs `graph` as recordings, one for each value of
+    the symbols the inputs it reads give (runtime/executor.py: fixed_symbols): decode has none
+    (one recording; the window it attends over is a symbol the kernels read on the device), a
+    prefill its prompt's length (a prompt padded to one of a few lengths: ir/last_position.py).
+    Its outputs' sizes must follow from those symbols."""
+    fixed = fixed_symbols(read_inputs(graph))
+    return all(d.symbols() <= fixed for n in graph.outputs for d in n.shape)
+
+
+MAX_RECORDINGS = 8     # a prefill's padded lengths (32 ... 4,096 doubling: 8)
 
 
 class CompiledGraph:
@@ -52,7 +58,8 @@ class CompiledGraph:
                  regions: list[regionlib.Region] | None = None):
         """`regions`: the graph's, where the caller has split it already."""
         self.graph, self.choices, self.backend = graph, choices, backend
-        self._recording = None
+        self._recordings: dict[tuple, tuple] = {}     # fixed symbols' values -> its recording
+        self._ran: dict[tuple, bool] = {}    # fixed symbols' values called before -> recordable
         self._bound: dict[tuple, dict[str, int]] = {}   # call signature -> its symbols' values
         self.regions = regions if regions is not None else regionlib.split(graph)
         self.executors = []
@@ -63,11 +70,12 @@ class CompiledGraph:
             if region.key not in programs:
                 programs[region.key] = schedule(sub, POLICIES[choices[region.key].variant])
         self.scratch = Scratch(backend, [plan_buffers(p) for p in programs.values()])
+        fixed = fixed_symbols(read_inputs(graph))
         first: dict[str, Executor] = {}
         for region, sub in zip(self.regions, subs):
             choice, like = choices[region.key], first.get(region.key)
             executor = Executor(sub, programs[region.key], choice.configs, backend, like=like, deployed=True,
-                                symbol_buffers=self._symbol_buffers, scratch=self.scratch)
+                                symbol_buffers=self._symbol_buffers, scratch=self.scratch, fixed=fixed)
             first.setdefault(region.key, executor)
             self.executors.append(executor)
         # asked once: a decode step is short, and the question walks every kernel (~80 us for 60
@@ -76,6 +84,7 @@ class CompiledGraph:
                             all(ex.replayable for ex in self.executors))
         # where each symbol is read from (an input's dimension), and the inputs no node reads:
         # what a replayed step needs of its arguments
+        self._fixed = sorted(fixed)
         self._symbol_dims = {}
         for i, node in enumerate(graph.inputs):
             for axis, dim in enumerate(node.shape):
@@ -108,6 +117,16 @@ class CompiledGraph:
         return {**kernels, **runners}
 
     @property
+    def records(self) -> bool:
+        """Whether calls replay recordings (CUDA graphs), from the second of each size on."""
+        return self._replayable
+
+    @property
+    def replayed(self) -> bool:
+        """Whether a call replayed a recording (a CUDA graph) of the graph."""
+        return bool(self._recordings)
+
+    @property
     def kernel_count(self) -> int:
         return sum(len(ex.program.kernels) for ex in self.executors)
 
@@ -117,8 +136,8 @@ class CompiledGraph:
 
     def __call__(self, *args) -> list:
         """Outputs as the backend's arrays (numpy on the CPU); inputs numpy or the backend's.
-        Where the backend records launches (CUDA graphs), every output size is fixed (decode) and
-        every region's executor can be recorded, a call replays the recording."""
+        Where the backend records launches (CUDA graphs) and every region's executor can be
+        recorded, a call of sizes that ran before replays a recording of them."""
         if self._replayable:
             return self._replay(args)
         return self._run([self.backend.input(a) for a in args], copy=True)
@@ -127,13 +146,7 @@ class CompiledGraph:
         """The graph's inputs are checked once, here; its regions are called with the symbols
         this binds (a region's inputs follow from the graph's), without checking theirs again:
         SmolLM2's decode spent 1-2 ms a token binding its 32 regions one by one."""
-        dtypes = [self.backend.logical_dtype(a, n.dtype) for a, n in zip(args, self.graph.inputs)]
-        # a call of the shapes and dtypes of one before passes the same checks: decode's 60
-        # caches are checked once, not every step (~0.5 ms a SmolLM2 step on the CPU)
-        signature = (tuple(tuple(a.shape) for a in args), tuple(map(str, dtypes)))
-        env = self._bound.get(signature)
-        if env is None:
-            env = self._bound[signature] = self.graph.bind_symbols([tuple(a.shape) for a in args], dtypes)
+        env = self._env(args)
         values: dict[int, object] = {id(n): a for n, a in zip(self.graph.inputs, args)}
         if not recording:
             self._write_symbols(env)
@@ -147,27 +160,48 @@ class CompiledGraph:
         return [values[id(o)] if not copy or id(values[id(o)]) in passed else values[id(o)].copy()
                 for o in self.graph.outputs]
 
+    def _env(self, args: list) -> dict[str, int]:
+        """The symbols' values of a call, its inputs checked: a call of the shapes and dtypes of
+        one before passes the same checks (decode's 60 caches are checked once, not every step:
+        ~0.5 ms a SmolLM2 step on the CPU)."""
+        dtypes = [self.backend.logical_dtype(a, n.dtype) for a, n in zip(args, self.graph.inputs)]
+        signature = (tuple(tuple(a.shape) for a in args), tuple(map(str, dtypes)))
+        env = self._bound.get(signature)
+        if env is None:
+            env = self._bound[signature] = self.graph.bind_symbols([tuple(a.shape) for a in args], dtypes)
+        return env
+
     def _replay(self, args) -> list:
         """Host inputs (token ids, positions) are copied into fixed device buffers, of their
         largest sizes; device inputs (the KV cache) are used where they are, so a recording holds
-        for as long as the caller passes the same device arrays. The recording launches every
-        kernel at the symbols' largest sizes; before each replay the symbols' values are written
-        where the kernels read them. A step's host work is kept to those copies: the checks
-        (dtypes, shapes, symbol ranges) ran when the recording was made, and an input of the
-        same kind passes them again (a decode step's host time is a share of its time)."""
+        for as long as the caller passes the same device arrays. A recording is made on the
+        second call of its fixed symbols' values (the first runs launched: it loads the kernels
+        and checks the inputs, and a prompt length seen once costs no recording); it launches
+        every kernel at the other symbols' largest sizes, and before each replay the symbols'
+        values are written where the kernels read them. A step's host work is kept to those
+        copies: the checks (dtypes, shapes, symbol ranges) ran on the first call, and an input of
+        the same kind passes them again (a decode step's host time is a share of its time)."""
         b = self.backend
-        key = tuple(b.address(a) if b.is_device(a) else (np.ndim(a), np.asarray(a).dtype.str) for a in args)
-        if self._recording is None or self._recording[0] != key:
-            self._recording = None      # free the old recording's buffers first
-            self._recording = (key, *self._record(args))
-        _, staged, outputs, replay = self._recording
         env = {}
         for symbol, (i, axis) in self._symbol_dims.items():
             env[symbol] = value = np.shape(args[i])[axis]
             lo, hi = self.graph.symbols[symbol]
-            if not lo <= value <= hi:    # checked here: the recording skips the full check
+            if not lo <= value <= hi:    # checked here: a replay skips the full check
                 raise ShapeError(f"kiln: input {i} ('{self.graph.inputs[i].attrs['name']}') dimension "
                                  f"{axis} is {value}, outside {symbol}'s range {lo}..{hi}")
+        fixed = tuple(env[name] for name in self._fixed)
+        if not self._ran.get(fixed, False):       # a first call, or sizes cuBLAS takes otherwise
+            outputs = self._run([b.input(a) for a in args], copy=True)
+            self._ran.setdefault(fixed, all(ex.replayable_at(ex.recording_sizes(env)) for ex in self.executors))
+            return outputs
+        key = tuple(b.address(a) if b.is_device(a) else (np.ndim(a), np.asarray(a).dtype.str) for a in args)
+        recording = self._recordings.get(fixed)
+        if recording is None or recording[0] != key:
+            self._recordings.pop(fixed, None)      # free the old recording's buffers first
+            while len(self._recordings) >= MAX_RECORDINGS:
+                self._recordings.pop(next(iter(self._recordings)))
+            recording = self._recordings[fixed] = (key, *self._record(args))
+        _, staged, outputs, replay = recording
         self._stage(staged, args, views=False)
         self._write_symbols(env)
         replay()
@@ -188,7 +222,7 @@ class CompiledGraph:
                   b.input(np.zeros(tuple(d.evaluate(largest) for d in n.shape), np.asarray(a).dtype))
                   for a, n in zip(args, self.graph.inputs)]
         views = self._stage(staged, args)
-        self._run(views, copy=False)     # loads every kernel; checks inputs outside the recording
+        self._env(views)                 # checked outside the recording
         outputs: list = []
         replay = b.capture(lambda: outputs.extend(self._run(views, copy=False, recording=True)))
         return staged, outputs, replay

@@ -20,7 +20,8 @@ from ..search.budget import Deadline
 from ..search.saturate import Limits, StageReport, saturate
 from ..search.tuner import Progress, RegionTuner
 from ..search.tunedb import TuneDB
-from .compiled import Choice, CompiledGraph, region_graph, replays
+from .compiled import Choice, CompiledGraph, read_inputs, region_graph, replays
+from .executor import fixed_symbols
 from .measure import Measurer, Region
 from .worker import IsolatedEvaluate
 
@@ -111,7 +112,8 @@ def _search_region(graph, key, group, feeds, env, backend, db, fingerprint, comp
     inputs = [i for i in rep.inputs if not is_weight(i)]
     sub = region_graph(graph, rep, rep.outputs)
     region = Region(inputs, sub.weights, dict(graph.symbols), [feeds[i] for i in inputs],
-                    evaluate(rep.outputs, feeds, env), sizes=dict(env), recorded=replays(graph))
+                    evaluate(rep.outputs, feeds, env), sizes=dict(env), recorded=replays(graph),
+                    fixed=fixed_symbols(read_inputs(graph)))
     measurer = Measurer(backend, db, fingerprint, region, deadline=deadline)
     if isolated:
         isolated.load(region, deadline)
@@ -129,9 +131,9 @@ def _search_region(graph, key, group, feeds, env, backend, db, fingerprint, comp
         return measurer.end_to_end(outputs, variant)
     # every policy is tried while the budget lasts, in an order that puts the likely winners
     # first: in decode (GEMVs, bound by launches and bytes) the fused ones, fewest kernels first;
-    # in prefill (GEMMs a library call takes whole) the plain ones
-    variants = sorted(POLICIES, key=lambda v: (POLICIES[v].merges != region.recorded,
-                                               POLICIES[v].epilogues != region.recorded))
+    # in prefill (GEMMs a library call takes whole, rows a prompt's length) the plain ones
+    gemv = not region.fixed
+    variants = sorted(POLICIES, key=lambda v: (POLICIES[v].merges != gemv, POLICIES[v].epilogues != gemv))
     tuner = RegionTuner(key, label, rep.outputs, saturated, variants,
                         isolated or measurer.evaluate, end_to_end, db, compile_id, seed,
                         lambda p, d=deadline: on_progress(p, d.remaining()))

@@ -3,6 +3,7 @@ keeps them on disk), launched on CuPy device memory, timed with CUDA events. f16
 tensors live on the device as their 16-bit patterns."""
 from __future__ import annotations
 
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,7 +14,8 @@ from ..codegen.kernel import Kernel, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
 from ..ir.dtypes import DType
 from ..ir.errors import CompileError, KilnError
-from .cublas import CublasGemm, before_capture, plan
+from .cublas import (COMPUTE_32F, COMPUTE_32F_FAST_TF32, IMPLEMENTATION, TF32, CublasGemm, before_capture,
+                     plan)
 from .library import ArrayInterop, LibraryKernel
 
 _MAX_BLOCKS = 65535 * 8      # the grid-stride loop covers the rest
@@ -55,7 +57,7 @@ class CudaBackend:
     @staticmethod
     def render(kernel: Kernel, config: CudaConfig | LibraryConfig) -> tuple[str, str]:
         if isinstance(config, LibraryConfig):      # cuBLAS (runtime/cublas.py)
-            return as_gemm(kernel).rendered("cublasGemmStridedBatchedEx")
+            return as_gemm(kernel).rendered(IMPLEMENTATION + ("-" + TF32 if config.library == TF32 else ""))
         draft = emit_cuda(kernel, config, "KERNEL")
         name = f"k_{source_hash(draft)}"
         return name, draft.replace(" KERNEL(", f" {name}(", 1)
@@ -71,6 +73,9 @@ class CudaBackend:
         # row at an offset the prompt length gives)
         if gemm is not None and not gemm.symbols and plan(gemm, {}) is None:
             space = [c for c in space if not isinstance(c, LibraryConfig)]
+        elif gemm is not None and DType.F32 in (gemm.a.dtype, gemm.b.dtype):
+            at = space.index(LibraryConfig()) + 1
+            space = space[:at] + [LibraryConfig(TF32)] + space[at:]
         return space
 
     @staticmethod
@@ -88,7 +93,9 @@ class CudaBackend:
         process, the final build and a loaded artifact."""
         for name in [n for n in functions if is_library(n) and n not in self._functions]:
             gemm = Gemm.from_source(functions[name])
-            self._functions[name] = CublasGemm(gemm, self.cp, LibraryKernel(gemm, self._interop))
+            tf32 = json.loads(functions[name])["implementation"].endswith(TF32)
+            self._functions[name] = CublasGemm(gemm, self.cp, LibraryKernel(gemm, self._interop),
+                                               COMPUTE_32F_FAST_TF32 if tf32 else COMPUTE_32F)
         missing = sorted(n for n in functions if n not in self._functions)
         if missing:
             with ThreadPoolExecutor(max_workers=min(len(missing), os.cpu_count() or 4)) as pool:
@@ -212,9 +219,9 @@ class CudaBackend:
         return launch
 
     @staticmethod
-    def capturable(fn) -> bool:
-        """Whether a CUDA graph can record `fn` at fixed sizes (no symbols bound)."""
-        return not isinstance(fn, CublasGemm) or fn.capturable({})
+    def capturable(fn, env: dict[str, int]) -> bool:
+        """Whether a CUDA graph can record `fn` at the sizes of `env`."""
+        return not isinstance(fn, CublasGemm) or fn.capturable(env)
 
     def capture(self, body):
         """Record the kernels `body` launches into a CUDA graph (nothing runs yet); returns a

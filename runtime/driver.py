@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..ir import Graph, KilnError, decode
-from ..ir.last_position import last_position
+from ..ir.last_position import last_position, prompt_args
 from ..search.budget import Deadline, parse_budget
 from ..search.tuner import Progress
 from ..search.tunedb import TuneDB
@@ -203,11 +203,11 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
     prompts = {name: prompt if n == tune_seq else rng.integers(0, lowered.vocab_size, size=(1, n), dtype=np.int64)
                for name, n in buckets.items()}
     prefill_share = (1 - DECODE_SHARE) / len(buckets)
-    prefill = lowered.prefill if all_logits else last_position(lowered.prefill)
+    prefill = lowered.prefill if all_logits else last_position(lowered.prefill, at_length=True)
     compiled, reports, hardware = _search(
         {**{name: (lowered.decode, decode.decode_args(lowered.decode, token, pos, caches), decode_share)
             for name, (pos, _) in decode_programs.items()},
-         **{name: (prefill, [prompts[name]], prefill_share) for name in buckets}},
+         **{name: (prefill, prompt_args(prefill, prompts[name]), prefill_share) for name in buckets}},
         deadline, backend, db, compile_id, seed, progress, max_candidates)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     info = {"vocab_size": lowered.vocab_size, "max_seq": max_seq,

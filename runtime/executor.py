@@ -14,6 +14,15 @@ from ..codegen.schedule import Program
 from ..ir.graph import Graph
 
 
+def fixed_symbols(inputs: list) -> frozenset[str]:
+    """The symbols a recording (a CUDA graph) holds fixed: those the shapes of the inputs a
+    program reads give (a prompt's length: every product's rows). The others vary from replay to
+    replay of one recording (decode's window, a padded prompt's real length: graph inputs whose
+    length alone counts, which no region reads); kernels read them on the device, and a recording
+    launches at their largest."""
+    return frozenset(d.symbol_name for n in inputs for d in n.shape if d.symbol_name is not None)
+
+
 @dataclass
 class BufferPlan:
     """Temporaries mapped to slots of one arena; sizes are bytes at the symbols' largest values.
@@ -108,7 +117,8 @@ class Executor:
                  weights: dict[str, np.ndarray] | None = None, reuse: bool = True,
                  like: Executor | None = None, deployed: bool = False,
                  symbol_buffers: dict[tuple[str, ...], object] | None = None,
-                 sizes: dict[str, int] | None = None, scratch: Scratch | None = None):
+                 sizes: dict[str, int] | None = None, scratch: Scratch | None = None,
+                 fixed: frozenset[str] | None = None):
         """`like`: an executor of the same program (an identical layer) whose compiled kernels
         this one shares; only the weights differ. `deployed`: a call runs the kernels as the
         backend deploys them, where it has a mode of its own (the CPU: one C call per region,
@@ -118,7 +128,9 @@ class Executor:
         `sizes`: values of symbols a call's input shapes do not give (a region measured alone:
         a decode layer's window comes from the graph's input, not the layer's). `scratch`: the
         memory for temporaries this executor shares with the other regions of a compiled graph
-        (sized from this program's plan among theirs); its outputs get memory of their own."""
+        (sized from this program's plan among theirs); its outputs get memory of their own.
+        `fixed`: the symbols a recording holds, those of the whole graph where this program is
+        one of its regions (fixed_symbols; by default its own inputs')."""
         self.graph, self.program, self.backend = graph, program, backend
         self.configs, self.sizes = list(configs), dict(sizes or {})
         if like is not None:
@@ -148,9 +160,10 @@ class Executor:
         for kernel in program.kernels:
             if kernel.symbols not in self.symbol_buffers:
                 self.symbol_buffers[kernel.symbols] = backend.symbol_buffer(len(kernel.symbols))
-        # a recording launches each kernel at the symbols' largest sizes; the kernel reads the
-        # sizes of the call from its symbol buffer and covers only those points
+        # a recording launches each kernel at the varying symbols' largest sizes; the kernel reads
+        # the sizes of the call from its symbol buffer and covers only those points
         self.largest = {name: hi for name, (lo, hi) in graph.symbols.items()}
+        self.fixed = fixed_symbols(graph.inputs) if fixed is None else fixed
         self._args = []
         for kernel in program.kernels:
             symbols = self.symbol_buffers[kernel.symbols]
@@ -169,14 +182,24 @@ class Executor:
 
     @property
     def replayable(self) -> bool:
-        """Whether a recording of one call (a CUDA graph) replays it for later calls: every kernel
-        one the backend can record: a generated kernel always (it reads its symbols from device
-        memory, and a recording launches it at their largest sizes), a library call where it
-        reads no symbol (its sizes are in the call) and runs as one call (a cuBLAS call does;
-        CuPy's allocating matmul fallback does not)."""
+        """Whether a recording of one call (a CUDA graph) replays it for later calls of the same
+        fixed symbols: every kernel one the backend can record: a generated kernel always (it
+        reads its symbols from device memory), a library call where it reads no symbol that
+        varies between replays (its sizes and addresses are in the call) and runs as one call (a
+        cuBLAS call does; CuPy's allocating matmul fallback does not)."""
+        return self.replayable_at(self.largest)
+
+    def replayable_at(self, env: dict[str, int]) -> bool:
+        """replayable, for a recording at the sizes of `env` (where cuBLAS takes a product can
+        depend on its sizes)."""
         return all(
-            not (kernel.symbols and is_library(name)) and self.backend.capturable(fn)
+            not (set(kernel.symbols) - self.fixed and is_library(name)) and self.backend.capturable(fn, env)
             for kernel, (name, _), fn in zip(self.program.kernels, self.sources, self.functions))
+
+    def recording_sizes(self, env: dict[str, int]) -> dict[str, int]:
+        """The sizes a recording launches at: the fixed symbols' of the call, the largest of the
+        others."""
+        return {**self.largest, **{name: env[name] for name in self.fixed}}
 
     def write_symbols(self, env: dict[str, int]) -> None:
         """The symbols' values into the buffers kernels read them from (each tuple once)."""
@@ -201,7 +224,7 @@ class Executor:
                   symbols_written: bool = False) -> list:
         """A call on inputs already the backend's arrays and checked, with the symbols' values
         (a compiled graph checks its inputs once for all its regions). `recording`: launched
-        at the largest sizes, the symbol buffers left as the caller wrote them. `symbols_written`:
+        at the recording's sizes, the symbol buffers left as the caller wrote them. `symbols_written`:
         the caller wrote env's values into the shared symbol buffers once for all its regions (on
         the GPU a write from host memory waits for the work queued before it: one a region kept
         the host from queuing ahead, and a prefill's kernels waited on its launches)."""
@@ -214,7 +237,7 @@ class Executor:
         else:
             if not (recording or symbols_written):
                 self.write_symbols(env)
-            sizes = self.largest if recording else env
+            sizes = self.recording_sizes(env) if recording else env
             for launch, kernel_args in zip(self._launchers, self._call_args(inputs)):
                 launch(kernel_args, sizes)
         return [self.result(name, inputs, env, copy) for name in self.program.outputs]

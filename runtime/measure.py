@@ -22,14 +22,16 @@ from .executor import Executor
 
 TIMING_TARGET_S = 0.002      # per kernel and configuration: repeat until this much time is spent
 MAX_REPEATS = 50
+LIBRARY_PRUNE = 4            # a library call this much faster than the default ends a kernel's tuning
 
 
-def kernel_space(backend, kernel: Kernel, recorded: bool) -> list:
-    """The configurations the tuner tries for `kernel`. A library call that reads a symbol would
-    hold the sizes of the call it was recorded in: in a graph that replays a recording (decode),
-    such a kernel keeps to generated code, which reads its sizes on the device."""
+def kernel_space(backend, kernel: Kernel, recorded: bool, fixed: frozenset[str] = frozenset()) -> list:
+    """The configurations the tuner tries for `kernel`. A library call that reads a symbol other
+    than the `fixed` ones (runtime/executor.py: fixed_symbols) would hold the sizes of the call it
+    was recorded in: in a graph that replays a recording, such a kernel keeps to generated code,
+    which reads its sizes on the device."""
     return [c for c in backend.config_space(kernel)
-            if not (recorded and kernel.symbols and isinstance(c, LibraryConfig))]
+            if not (recorded and set(kernel.symbols) - fixed and isinstance(c, LibraryConfig))]
 
 
 @dataclass
@@ -44,7 +46,8 @@ class Region:
     args: list[np.ndarray]
     want: list[np.ndarray]
     sizes: dict[str, int] = field(default_factory=dict)
-    recorded: bool = False        # its graph runs as one recording where the backend records (decode)
+    recorded: bool = False        # its graph runs as recordings where the backend records
+    fixed: frozenset[str] = frozenset()   # the symbols a recording holds (runtime/executor.py)
 
     def graph(self, outputs: list[Node]) -> Graph:
         return Graph(inputs=self.inputs, outputs=list(outputs), weights=self.weights,
@@ -89,7 +92,8 @@ class Measurer:
         graph's replay at fixed sizes; on the CPU one C call for the region's kernels), so that
         finalists are ranked by what the user gets, not by launches a compiled graph never pays."""
         graph, program, configs = self.build(outputs, variant)
-        executor = Executor(graph, program, configs, self.backend, deployed=True, sizes=self.region.sizes)
+        executor = Executor(graph, program, configs, self.backend, deployed=True, sizes=self.region.sizes,
+                            fixed=self.region.fixed)
         args = self._fresh_args()
         executor(*args)
         # a compiled graph leaves a region's outputs in its memory for the next region
@@ -151,23 +155,54 @@ class Measurer:
     def _tune_kernels(self, executor: Executor, args) -> tuple[list[KernelConfig], float]:
         """Per kernel, the fastest configuration that computes what the default one computed
         (the default's outputs were just checked against the reference through the whole
-        program). Returns the configurations and the sum of their times."""
+        program). Returns the configurations and the sum of their times. The default and the
+        library call go first; where the library call is LIBRARY_PRUNE times faster than the
+        default, the kernel's other generated configurations are not compiled: a 512-token
+        prefill layer's products spent most of a candidate's time compiling and timing
+        generated GEMMs cuBLAS beat tenfold."""
         inputs, env = executor.bind(args)
         launch_args = executor.launch_args(inputs, env)
         kernels = executor.program.kernels
-        options, pending = [], {}
-        for i, kernel in enumerate(kernels):
+        options = []
+        for kernel in kernels:
             symbols = {s: env[s] for s in kernel.symbols}
             rows = [(c, *self.backend.render(kernel, c))
-                    for c in kernel_space(self.backend, kernel, self._recorded)[:self.max_configs]]
+                    for c in kernel_space(self.backend, kernel, self._recorded, self.region.fixed)[:self.max_configs]]
             options.append((symbols, rows))
-            # past the deadline only the default (what the winner needs to run) and a library
-            # call are measured: one BLAS or cuBLAS call needs no compile, and what it saves on a
-            # large product (the vocabulary head: 56 ms generated, 0.4 ms in cuBLAS on the H200)
-            # must not depend on the budget; the choice still takes anything measured before
-            expired = self.deadline is not None and self.deadline.expired
-            for c, name, src in [r for r in rows if r is rows[0] or isinstance(r[0], LibraryConfig)] \
-                    if expired else rows:
+        # past the deadline only the default (what the winner needs to run) and a library
+        # call are measured: one BLAS or cuBLAS call needs no compile, and what it saves on a
+        # large product (the vocabulary head: 56 ms generated, 0.4 ms in cuBLAS on the H200)
+        # must not depend on the budget; the choice still takes anything measured before
+        first = [[r for r in rows if r is rows[0] or isinstance(r[0], LibraryConfig)] for _, rows in options]
+        self._measure_rows(executor, inputs, env, launch_args, options, first)
+        if self.deadline is None or not self.deadline.expired:
+            self._measure_rows(executor, inputs, env, launch_args, options,
+                               [[] if self._library_wins(symbols, rows) else rows for symbols, rows in options])
+        chosen, total = [], 0.0
+        for symbols, rows in options:
+            timed = [(self.db.kernel_time(self.fingerprint, name, c.key(), symbols), c)
+                     for c, name, _ in rows]
+            seconds, best = min(((t, c) for t, c in timed if t is not None),
+                                key=lambda tc: tc[0], default=(0.0, self.backend.default_config()))
+            chosen.append(best)
+            total += seconds
+        return chosen, total
+
+    def _library_wins(self, symbols: dict, rows: list) -> bool:
+        """Whether a kernel's library call was timed LIBRARY_PRUNE times faster than its default."""
+        def timed(c, name) -> float | None:
+            return self.db.kernel_time(self.fingerprint, name, c.key(), symbols)
+        library = min(filter(None, (timed(c, n) for c, n, _ in rows if isinstance(c, LibraryConfig))), default=None)
+        default = timed(*rows[0][:2])
+        return library is not None and default is not None and library * LIBRARY_PRUNE < default
+
+    def _measure_rows(self, executor: Executor, inputs, env, launch_args, options, chosen_rows) -> None:
+        """Check and time, per kernel, the configurations of `chosen_rows` not measured before
+        (compiled together)."""
+        kernels = executor.program.kernels
+        pending = {}
+        for i, ((symbols, _), rows) in enumerate(zip(options, chosen_rows)):
+            for c, name, src in rows:
                 if (self.db.kernel_time(self.fingerprint, name, c.key(), symbols) is None
                         and self.db.kernel_failure(self.fingerprint, name, c.key(), symbols) is None):
                     pending.setdefault(name, (i, c, src))
@@ -181,15 +216,6 @@ class Measurer:
             # the default configuration's output back in place: the kernels measured next read it,
             # and a configuration just rejected as wrong may have left its output there
             executor.launch(i, launch_args[i], env)
-        chosen, total = [], 0.0
-        for symbols, rows in options:
-            timed = [(self.db.kernel_time(self.fingerprint, name, c.key(), symbols), c)
-                     for c, name, _ in rows]
-            seconds, best = min(((t, c) for t, c in timed if t is not None),
-                                key=lambda tc: tc[0], default=(0.0, self.backend.default_config()))
-            chosen.append(best)
-            total += seconds
-        return chosen, total
 
     def _measure(self, kernel: Kernel, executor: Executor, inputs, env, args, fn, name: str,
                  config: KernelConfig, symbols: dict, expected: list[np.ndarray]) -> None:

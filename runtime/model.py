@@ -14,6 +14,7 @@ import numpy as np
 from ..codegen.c_runner import is_runner
 from ..ir import DType, Graph, KilnError
 from ..ir.decode import decode_args
+from ..ir.last_position import prompt_args
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..search import regions as regionlib
 from .artifact import read_artifact, write_artifact
@@ -82,18 +83,21 @@ class CompiledModel:
         return [backend.input(np.zeros(shape, dtype)) for _ in range(2 * self.info["layers"])]
 
     def _prefill(self, ids: np.ndarray) -> np.ndarray:
-        logits, self._caches = self._prefill_with_caches(ids)
+        logits, self._caches = self.prefill(ids)
         return logits
 
-    def _prefill_with_caches(self, ids: np.ndarray) -> tuple[np.ndarray, list]:
-        """Logits on the host; the caches stay where the backend keeps them."""
+    def prefill(self, ids: np.ndarray) -> tuple[np.ndarray, list]:
+        """ids [1, T] -> the logits generation reads (the last position's unless compiled with
+        all_logits), on the host, and the KV caches, where the backend keeps them. Where the
+        program replays recordings (CUDA graphs), a prompt is padded to the next of a few
+        lengths (32, 64, 128, ...: ir/last_position.py), so that a few recordings serve them all."""
         if ids.ndim != 2 or ids.shape[0] != 1:
             raise KilnError(f"kiln: expected token ids of shape [1, T], got {list(ids.shape)}")
         if ids.shape[1] == 1:   # torch.export fixes prefill lengths at 2 and up: decode on an empty cache
             caches = self._zero_caches()
             return self._decode(ids, 0, caches), caches
         graph = self.prefill_graph(ids.shape[1])
-        logits, *caches = graph(ids)
+        logits, *caches = graph(*prompt_args(graph.graph, ids, pad=graph.records))
         return graph.backend.to_host(logits, graph.graph.outputs[0].dtype), caches
 
     def prefill_graph(self, length: int) -> CompiledGraph:
@@ -130,7 +134,7 @@ class CompiledModel:
         caches: list[np.ndarray] = []
 
         def prefill(prompt: np.ndarray) -> np.ndarray:
-            logits, fresh = self._prefill_with_caches(prompt)
+            logits, fresh = self.prefill(prompt)
             caches[:] = fresh
             return logits
 

@@ -105,7 +105,7 @@ class IsolatedEvaluate:
         spec = {"backend": self.backend_name, "db": str(self.db_path), "fingerprint": self.fingerprint,
                 "region": graph_to_json(region.graph(region.inputs)),
                 "args": len(region.args), "want": len(region.want), "sizes": region.sizes,
-                "recorded": region.recorded}
+                "recorded": region.recorded, "fixed": sorted(region.fixed)}
         write_artifact(self.folder, {SPEC: json.dumps(spec)}, tensors)
         self.deadline, self._slowest = deadline, 0.0
         if self._proc is not None and self._proc.poll() is None:
@@ -271,7 +271,8 @@ def _measurer(backend, db, spec: dict, tensors: dict, trial: Path, default: str)
     weights = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("weight/")}
     graph = graph_from_json(spec["region"])
     region = Region(graph.inputs, weights, graph.symbols, [tensors[f"arg/{i}"] for i in range(spec["args"])],
-                    [tensors[f"want/{i}"] for i in range(spec["want"])], spec["sizes"], spec["recorded"])
+                    [tensors[f"want/{i}"] for i in range(spec["want"])], spec["sizes"], spec["recorded"],
+                    frozenset(spec["fixed"]))
     return Measurer(backend, db, spec["fingerprint"], region,
                     on_trial=lambda name, config, symbols: _write_trial(trial, name, config, symbols,
                                                                        config == default))

@@ -148,7 +148,7 @@ def test_bad_generation_input_is_refused(tiny):
         compiled.graphs["decode"](np.array([[1]], dtype=np.int32), np.array(0), np.zeros(2, np.bool_),
                                   *compiled._zero_caches())
     with pytest.raises(ShapeError, match="shape"):
-        compiled.graphs["prefill"](np.zeros((2, 3), dtype=np.int64))
+        compiled.graphs["prefill"](np.zeros((2, 3), dtype=np.int64), np.zeros(3, np.bool_))
 
 
 def _tamper(src: Path, dst: Path, name: str, edit, resign: bool = False) -> Path:

@@ -159,6 +159,25 @@ def test_a_library_call_is_offered_only_where_cublas_takes_it_at_fixed_sizes(tin
     assert mixed and all(offered[k] and plan(as_gemm(k), {}).gathers[0].to is DType.F32 for k in mixed)
 
 
+def test_a_product_with_an_f32_operand_is_offered_tf32_after_cublas_in_f32(tiny_kernels):
+    """TF32 is one more library configuration, right after the f32 call, for products with an f32
+    operand (the check at the model's tolerance decides whether its rounding is allowed); a
+    product of 16-bit operands already runs on tensor cores and is offered none."""
+    from kiln.codegen.library import as_gemm
+    from kiln.runtime.cublas import TF32
+    from kiln.runtime.cuda import CudaBackend
+    products = [k for k in tiny_kernels if as_gemm(k) and LibraryConfig() in CudaBackend.config_space(k)]
+    with_f32 = {k: DType.F32 in (as_gemm(k).a.dtype, as_gemm(k).b.dtype) for k in products}
+    assert any(with_f32.values()) and not all(with_f32.values())
+    for kernel, f32 in with_f32.items():
+        space = CudaBackend.config_space(kernel)
+        assert (LibraryConfig(TF32) in space) == f32, kernel.label
+        if f32:
+            assert space.index(LibraryConfig(TF32)) == space.index(LibraryConfig()) + 1
+            names = {CudaBackend.render(kernel, c)[0] for c in (LibraryConfig(), LibraryConfig(TF32))}
+            assert len(names) == 2      # timed and recorded apart
+
+
 def test_the_cublas_library_is_found_where_the_process_loaded_it():
     """Kiln calls the libcublas CuPy loaded (a second copy would be a second cuBLAS): its path is
     read from the process's mappings; here, with no cuBLAS, the C library stands in."""
@@ -239,7 +258,7 @@ def with_cublas_products(compiled):
     recorded = replays(compiled.graph)
     for key, choice in compiled.choices.items():
         executor = next(ex for r, ex in zip(compiled.regions, compiled.executors) if r.key == key)
-        configs = [LibraryConfig() if LibraryConfig() in kernel_space(compiled.backend, k, recorded) else c
+        configs = [LibraryConfig() if LibraryConfig() in kernel_space(compiled.backend, k, recorded, executor.fixed) else c
                    for k, c in zip(executor.program.kernels, choice.configs)]
         choices[key] = Choice(choice.outputs, choice.variant, configs)
     return CompiledGraph(compiled.graph, choices, compiled.backend)
@@ -267,9 +286,40 @@ def test_decode_replays_one_cuda_graph_per_token_with_the_same_results(products)
         host = decode_args(lm.decode, token, pos, [])
         want = decode._run([*(backend.input(a) for a in host), *launched], copy=True)[0]
         assert np.array_equal(backend.cp.asnumpy(got), backend.cp.asnumpy(want))
-    assert decode._recording is not None
+    assert decode.replayed
     for a, b in zip(replayed, launched):   # the cache was written in place by the replays
         assert np.array_equal(backend.cp.asnumpy(a), backend.cp.asnumpy(b))
+
+
+@pytest.mark.parametrize("products", ["generated", "cublas"])
+@needs_gpu
+def test_a_padded_prefill_replays_one_recording_per_padded_length(products):
+    """Prompts of 5, 9 and 20 tokens pad to 32 (this model's max_seq): the first call runs
+    launched, the later ones replay one recording of the 32-token program, cuBLAS calls included,
+    and each gives the last real token's logits and the prompt's caches of the prompt run alone."""
+    from kiln.ir.last_position import last_position, prompt_args
+    from kiln.runtime.compiled import CompiledGraph
+    from kiln.runtime.cuda import CudaBackend
+    _, lm = tiny_case("tiny2_bf16")
+    backend = CudaBackend()
+    graph = last_position(lm.prefill, at_length=True)
+    prefill = CompiledGraph.untuned(graph, backend)
+    if products == "cublas":
+        prefill = with_cublas_products(prefill)
+        assert any(is_library(name) for name in prefill.sources)
+    assert prefill.records
+    rng = np.random.default_rng(4)
+    for length in (5, 9, 20, 5):
+        ids = rng.integers(0, 64, (1, length))
+        padded = prompt_args(graph, ids, pad=True)
+        assert padded[0].shape == (1, 32)
+        got = [backend.cp.asnumpy(a).astype(np.float32) for a in prefill(*padded)]
+        alone = prefill._run([backend.input(a) for a in prompt_args(graph, ids)], copy=True)
+        want = [backend.cp.asnumpy(a).astype(np.float32) for a in alone]
+        np.testing.assert_allclose(got[0], want[0], rtol=2e-2, atol=2e-2)
+        for cache, whole in zip(got[1:], want[1:]):
+            np.testing.assert_allclose(cache[:, :, :length], whole[:, :, :length], rtol=2e-2, atol=2e-2)
+    assert prefill.replayed and len(prefill._recordings) == 1
 
 
 @needs_gpu
@@ -372,6 +422,34 @@ def test_cublas_takes_every_library_case_and_a_recording_replays_a_gathered_oper
         inputs, env = executor.bind([x])
         got = cp.asnumpy(executor.result(executor.program.outputs[0], inputs, env))
         np.testing.assert_allclose(got, run(graph, [cp.asnumpy(x)])[0], rtol=1e-5, atol=1e-5)
+
+
+@needs_gpu
+def test_tf32_products_stay_within_tf32_rounding_of_the_reference():
+    """Every library case with an f32 operand run as a TF32 cuBLAS call: within the 10-bit
+    mantissa's rounding of the reference, not equal to f32's (the tensor cores did round)."""
+    from kiln.codegen.library import as_gemm
+    from kiln.ir import Graph
+    from kiln.runtime.cublas import TF32
+    from kiln.runtime.cuda import CudaBackend
+    from kiln.runtime.executor import Executor
+    from tests.test_library import cases, policy
+    backend, rng, rounded = CudaBackend(), np.random.default_rng(6), 0
+    for name, inputs, out, weights in cases():
+        graph = Graph(inputs, [out], weights=weights, symbols={"t": (1, 16)})
+        program = schedule(graph, policy(name))
+        gemms = [as_gemm(k) for k in program.kernels]
+        if not any(g and DType.F32 in (g.a.dtype, g.b.dtype) for g in gemms):
+            continue
+        configs = [LibraryConfig(TF32) if g and DType.F32 in (g.a.dtype, g.b.dtype) else CudaConfig() for g in gemms]
+        executor = Executor(graph, program, configs, backend)
+        args = [rng.standard_normal(tuple(d.evaluate({"t": 7}) for d in i.shape)).astype(i.dtype.np) for i in inputs]
+        got = executor.host_outputs(*args)[0].astype(np.float64)
+        want = run(graph, args)[0].astype(np.float64)
+        error = np.abs(got - want).max() / np.abs(want).max()
+        assert error < 1e-2, name
+        rounded += error > 1e-6
+    assert rounded
 
 
 @pytest.mark.parametrize("source", list(DType), ids=repr)

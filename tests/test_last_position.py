@@ -6,7 +6,7 @@ import numpy as np
 
 from kiln.ir import DType, Graph, Node, Op, run
 from kiln.ir.build import elementwise, expand, permute, reduce, reshape
-from kiln.ir.last_position import last_position
+from kiln.ir.last_position import LENGTH, last_position, padded_length, prompt_args
 from kiln.ir.symbolic import shape_of, sym
 
 
@@ -71,14 +71,48 @@ def test_the_restriction_goes_through_permutes_broadcasts_and_reshapes():
     assert any(n.op is Op.SLICE for n in last_position(graph, 1, 1).nodes())
 
 
-def test_a_last_position_prefill_is_not_recorded_as_decode_is():
-    """Its outputs have fixed sizes, but it reads a prompt of any length: a recording would run
-    every product at max_seq rows and keep them all from the library."""
+def test_a_padded_prompt_gives_its_last_real_position_and_its_caches():
+    """at_length: ids padded past the prompt give the logits of the prompt's last token and, for
+    the prompt's positions, the caches of the unpadded prompt (causal attention keeps the real
+    positions blind to the padding)."""
     from kiln.frontend.hf import lower_causal_lm
-    from kiln.runtime.compiled import replays
+    from tests.helpers import tiny_llama
+    graph = lower_causal_lm(tiny_llama(2, vocab_size=97), 40).prefill
+    at = last_position(graph, at_length=True)
+    assert at.inputs[-1].attrs["name"] == LENGTH and at.symbols[LENGTH] == (1, 40)
+    rng = np.random.default_rng(3)
+    for length in (2, 9, 33):
+        ids = rng.integers(0, 97, (1, length))
+        full = run(graph, [ids])
+        args = prompt_args(at, ids, pad=True)
+        assert args[0].shape[1] == padded_length(length, 40) >= length
+        part = run(at, args)
+        np.testing.assert_allclose(part[0], full[0][:, -1:], rtol=1e-5, atol=1e-6)
+        for whole, cache in zip(full[1:], part[1:]):      # caches are [1, heads, max_seq + 1, dim]
+            np.testing.assert_allclose(cache[:, :, :length], whole[:, :, :length], rtol=1e-5, atol=1e-6)
+        unpadded = run(at, prompt_args(at, ids))
+        np.testing.assert_allclose(unpadded[0], full[0][:, -1:], rtol=1e-5, atol=1e-6)
+
+
+def test_prompts_pad_to_a_few_lengths():
+    assert [padded_length(n, 704) for n in (1, 2, 32, 33, 64, 65, 300, 512, 513, 704)] == \
+        [32, 32, 32, 64, 64, 128, 512, 512, 704, 704]
+    assert padded_length(5, 16) == 16
+
+
+def test_prefill_is_recorded_at_each_prompt_length_and_decode_once():
+    """A recording holds the symbols the inputs a graph reads give (a prompt's length: every
+    product's rows) and reads the others on the device (decode's window, a padded prompt's real
+    length): decode records once, prefill at each (padded) length."""
+    from kiln.frontend.hf import lower_causal_lm
+    from kiln.runtime.compiled import read_inputs, replays
+    from kiln.runtime.executor import fixed_symbols
     from tests.helpers import tiny_llama
     lm = lower_causal_lm(tiny_llama(1), 16)
-    assert replays(lm.decode) and not replays(lm.prefill) and not replays(last_position(lm.prefill))
+    at = last_position(lm.prefill, at_length=True)
+    assert all(replays(g) for g in (lm.decode, lm.prefill, at))
+    assert fixed_symbols(read_inputs(lm.decode)) == frozenset()
+    assert fixed_symbols(read_inputs(at)) == {at.inputs[0].shape[1].symbol_name}
 
 
 def test_every_kernel_of_a_last_position_prefill_has_a_cuda_configuration_space():
@@ -88,8 +122,10 @@ def test_every_kernel_of_a_last_position_prefill_has_a_cuda_configuration_space(
     from kiln.codegen.schedule import POLICIES, schedule
     from kiln.frontend.hf import lower_causal_lm
     from kiln.runtime.cuda import CudaBackend
+    from kiln.runtime.measure import kernel_space
     from tests.helpers import tiny_llama
-    graph = last_position(lower_causal_lm(tiny_llama(1), 16).prefill)
+    graph = last_position(lower_causal_lm(tiny_llama(1), 16).prefill, at_length=True)
+    seq = graph.inputs[0].shape[1].symbol_name
     offset_only = 0
     for policy in POLICIES.values():
         for kernel in schedule(graph, policy).kernels:
@@ -98,4 +134,8 @@ def test_every_kernel_of_a_last_position_prefill_has_a_cuda_configuration_space(
             if gemm is not None and gemm.symbols and all(e.is_const for e in gemm.extents.values()):
                 offset_only += 1
                 assert LibraryConfig() in space, kernel.label
+                # where the prefill replays recordings, the row's offset (the prompt's real
+                # length, which varies between replays) keeps it to generated code
+                assert LENGTH in gemm.symbols
+                assert LibraryConfig() not in kernel_space(CudaBackend, kernel, True, frozenset({seq}))
     assert offset_only

@@ -166,3 +166,25 @@ def test_cublas_call_layouts_compute_the_same_product_as_the_strided_views(case)
             LibraryKernel(gemm, interop)(want, env)
             _emulate_cublas(call, inputs_)
             np.testing.assert_allclose(inputs_[gemm.out.buffer], want[gemm.out.buffer], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("ratio", [10.0, 2.0])
+def test_a_library_call_far_faster_than_the_default_ends_the_kernels_tuning(tmp_path, ratio):
+    """With the default's and the library call's times planted in a real tuning database: where
+    the library call took a tenth of the default's time, no other generated configuration is
+    compiled or timed; at half, every one is."""
+    from kiln.codegen.schedule import POLICIES
+    from kiln.runtime.measure import Measurer, kernel_space
+    from kiln.search.tunedb import TuneDB
+    from tests.test_worker import VARIANT, _region
+    region, outputs = _region()
+    backend, db = CpuBackend(), TuneDB(tmp_path / "tune.sqlite")
+    measurer = Measurer(backend, db, "test", region)
+    (kernel,) = [k for k in schedule(region.graph(outputs), POLICIES[VARIANT]).kernels if as_gemm(k)]
+    rows = [(c, *backend.render(kernel, c)) for c in kernel_space(backend, kernel, False)[:measurer.max_configs]]
+    (default, *others), library = rows, next(r for r in rows if isinstance(r[0], LibraryConfig))
+    db.record_kernel("test", default[1], default[0].key(), {}, 1e-3, 3)
+    db.record_kernel("test", library[1], library[0].key(), {}, 1e-3 / ratio, 3)
+    measurer.build(outputs, VARIANT)
+    generated = [db.kernel_time("test", name, c.key(), {}) for c, name, _ in others if c != library[0]]
+    assert generated and all((t is None) == (ratio > 4) for t in generated)

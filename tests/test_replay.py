@@ -11,7 +11,8 @@ import pytest
 from kiln.frontend.hf import lower_causal_lm
 from kiln.ir import ShapeError
 from kiln.ir.decode import CACHES_START, WINDOW, decode_args
-from kiln.runtime.compiled import CompiledGraph, replays
+from kiln.runtime.compiled import CompiledGraph, read_inputs, replays
+from kiln.runtime.executor import fixed_symbols
 from kiln.runtime.cpu import CpuBackend
 from tests.helpers import tiny_llama
 
@@ -63,7 +64,7 @@ class RecordingCpuBackend(CpuBackend):
         return recorded
 
     @staticmethod
-    def capturable(fn) -> bool:
+    def capturable(fn, env) -> bool:
         return True
 
     def capture(self, body):
@@ -115,18 +116,39 @@ def test_a_replayed_step_still_refuses_a_window_past_the_cache():
     decode = CompiledGraph.untuned(lm.decode, RecordingCpuBackend())
     caches = [decode.backend.input(np.zeros(tuple(d.value for d in n.shape), n.dtype.np))
               for n in lm.decode.inputs[CACHES_START:]]
-    decode(*decode_args(lm.decode, np.array([[3]]), 0, caches))
-    args = decode_args(lm.decode, np.array([[3]]), 1, caches)
+    for pos in (0, 1):     # the first call runs launched, the second records
+        decode(*decode_args(lm.decode, np.array([[3]]), pos, caches))
+    args = decode_args(lm.decode, np.array([[3]]), 2, caches)
     args[[n.attrs["name"] for n in lm.decode.inputs].index(WINDOW)] = np.zeros(17, np.bool_)
     with pytest.raises(ShapeError, match="window's range 2..16"):
         decode(*args)
     assert decode.backend.captures == 1
 
 
+def test_a_padded_prefill_replays_one_recording_per_padded_length():
+    """Prompts of 3, 9 and 20 tokens pad to 32 tokens and 40 to 64: the first call of a padded
+    length runs launched, later ones replay its recording; each gives the logits and caches of
+    the prompt run alone, unpadded."""
+    from kiln.ir.last_position import last_position, prompt_args
+    lm = lower_causal_lm(tiny_llama(1, seed=8), 64)
+    graph = last_position(lm.prefill, at_length=True)
+    replaying = CompiledGraph.untuned(graph, RecordingCpuBackend())
+    plain = CompiledGraph.untuned(graph, CpuBackend())
+    rng = np.random.default_rng(2)
+    for length in (3, 9, 20, 40, 5, 41):
+        ids = rng.integers(0, 64, (1, length))
+        got = replaying(*prompt_args(graph, ids, pad=True))
+        want = plain(*prompt_args(graph, ids))
+        np.testing.assert_allclose(np.asarray(got[0]), want[0], rtol=1e-5, atol=1e-6)
+        for cache, whole in zip(got[1:], want[1:]):
+            np.testing.assert_allclose(np.asarray(cache)[:, :, :length], whole[:, :, :length], rtol=1e-5, atol=1e-6)
+    assert replaying.backend.captures == 2 and len(replaying._recordings) == 2
+
+
 def test_finalists_are_timed_as_the_user_runs_them(tmp_path):
     """A region of decode (whose outputs have fixed sizes; its attention reads a window of
     symbolic length) is timed end to end as the replay of one recording, the launch mode decode
-    runs in; a region of prefill (outputs that grow with the prompt) by its launches."""
+    runs in; a region of prefill too, recorded at the prompt's length, as a prefill replays."""
     from kiln.ir import evaluate
     from kiln.runtime.measure import Measurer, Region
     from kiln.search import regions
@@ -138,7 +160,7 @@ def test_finalists_are_timed_as_the_user_runs_them(tmp_path):
                  rng.standard_normal(tuple(d.value for d in n.shape)).astype(n.dtype.np)
                  for n in lm.decode.inputs[CACHES_START:]]),
              "prefill": [rng.integers(0, 64, (1, 5))]}
-    for which, captures in (("decode", 1), ("prefill", 0)):
+    for which in ("decode", "prefill"):
         graph = getattr(lm, which)
         layer = next(r for r in regions.split(graph) if r.label == "layer 0")
         (feeds,), env = regions.sample_inflows(graph, [layer], calls[which])
@@ -150,6 +172,7 @@ def test_finalists_are_timed_as_the_user_runs_them(tmp_path):
         backend = RecordingCpuBackend()
         measurer = Measurer(backend, TuneDB(tmp_path / f"{which}.sqlite"), "test",
                             Region(program.inputs, program.weights, dict(graph.symbols), args, want,
-                                   sizes=env, recorded=replays(graph)))
+                                   sizes=env, recorded=replays(graph),
+                                   fixed=fixed_symbols(read_inputs(graph))))
         assert measurer.end_to_end(layer.outputs, VARIANT) > 0
-        assert backend.captures == captures
+        assert backend.captures == 1
