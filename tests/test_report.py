@@ -73,6 +73,10 @@ def test_page_shows_the_search_kernels_stages_and_hardware(compiled, page):
                 assert f"<td>{escape(stage['stage'])}</td>" in html
             if region["winner"].startswith("original/"):
                 assert "The winner is the program as lowered: it uses no rewrite." in html
+            # a region whose run whole differs from its kernels' sum says why
+            ratio = region["end_to_end_s"] / region["estimate_s"]
+            if not 2 / 3 < ratio < 3 / 2:
+                assert f"End to end is {ratio:.2f}x the estimate: " in html
     assert "whole graph: best against candidates" in html
     assert html.count("<svg") >= 4 * len(report["graphs"])
     assert "Rules that fired in this region" in html and "not necessarily on all of them" in html
@@ -182,3 +186,11 @@ def test_headless_chromium_loads_the_page(page, tmp_path):
     done = subprocess.run([*command, "--hide-scrollbars", f"--screenshot={shot}", path.as_uri()],
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0 and shot.stat().st_size > 10_000, done.stderr[-2000:]
+
+
+def test_a_region_far_from_its_estimate_says_why():
+    from kiln.runtime.report import _gap
+    assert _gap(1e-3, 1.2e-3) == ""
+    slower, faster = _gap(1e-3, 5.5e-3), _gap(3e-3, 1e-3)
+    assert "5.50x the estimate" in slower and "between the kernels" in slower
+    assert "0.33x the estimate" in faster and "cold cache" in faster
