@@ -386,14 +386,18 @@ def generate(artifact: str, prompt: str, max_new_tokens: int, do_sample: bool, t
              top_k: int | None, top_p: float | None, seed: int | None) -> None:
     """Generate from a compiled ARTIFACT, streaming the text as it comes."""
     from .runtime.model import CompiledModel
+    from .runtime.text import TextStream, Tokenizer
     model = CompiledModel.load(artifact)
-    tokenizer = model.tokenizer
-    if tokenizer is None:
+    if model.tokenizer_folder is None:
         raise KilnError(f"kiln: {artifact} carries no tokenizer; use CompiledModel.generate() with "
                         "token ids")
-    from transformers import TextStreamer
-    streamer = TextStreamer(tokenizer, skip_special_tokens=True)
-    ids = tokenizer(prompt)["input_ids"]
+    if Tokenizer.available(model.tokenizer_folder):
+        tokenizer = Tokenizer(model.tokenizer_folder)
+        ids, streamer = tokenizer.encode(prompt), TextStream(tokenizer)
+    else:       # a tokenizer without a tokenizer.json: transformers' own
+        from transformers import TextStreamer
+        ids = model.tokenizer(prompt)["input_ids"]
+        streamer = TextStreamer(model.tokenizer, skip_special_tokens=True)
     model.generate(ids, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
                    top_k=top_k, top_p=top_p, seed=seed, streamer=streamer)
 

@@ -15,6 +15,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._sympy.numbers import int_oo
 
 from ..ir import DType, Expr, ExportError, Graph, KilnTypeError, Node, Op, UnsupportedOp, build, run
+from ..ir.serialize import resolve_spec
 from ..ir.symbolic import prod
 from .registry import UNSUPPORTED, LowerCtx, all_lowerings
 from .symbols import kiln_dtype, to_expr, torch_dtype
@@ -228,4 +229,5 @@ def interpret(graph: Graph, *args, **kwargs) -> Any:
             raise KilnTypeError(f"input {i} ('{node.attrs['name']}'): expected dtype "
                                 f"{torch_dtype(node.dtype)}, got {leaf.dtype}")
     outs = [from_numpy(o) for o in run(graph, [to_numpy(t) for t in leaves])]
-    return pytree.tree_unflatten(outs, graph.out_spec) if graph.out_spec is not None else outs
+    spec = resolve_spec(graph.out_spec)
+    return pytree.tree_unflatten(outs, spec) if spec is not None else outs

@@ -1,5 +1,6 @@
-"""Element types of the IR and their numpy counterparts (bf16 through ml_dtypes, imported on
-first use: it takes about a second to import, which `kiln --help` should not pay)."""
+"""Element types of the IR and their numpy counterparts (bf16 through ml_dtypes, imported when a
+bf16 type is first asked for: it takes about a second to import, which `kiln --help` and an f32
+artifact's load should not pay)."""
 from __future__ import annotations
 
 from enum import Enum
@@ -18,7 +19,7 @@ class DType(Enum):
 
     @property
     def np(self) -> np.dtype:
-        return _numpy_dtypes()[self]
+        return _bfloat16() if self is DType.BF16 else _PLAIN[self]
 
     @property
     def is_float(self) -> bool:
@@ -36,30 +37,24 @@ class DType(Enum):
         return self.value
 
 
+_PLAIN = {DType.F32: np.dtype(np.float32), DType.F16: np.dtype(np.float16), DType.I32: np.dtype(np.int32),
+          DType.I64: np.dtype(np.int64), DType.BOOL: np.dtype(np.bool_)}
+_FROM_PLAIN = {v: k for k, v in _PLAIN.items()}
+
+
 @cache
-def _numpy_dtypes() -> dict[DType, np.dtype]:
+def _bfloat16() -> np.dtype:
     import ml_dtypes
-    return {
-        DType.F32: np.dtype(np.float32),
-        DType.F16: np.dtype(np.float16),
-        DType.BF16: np.dtype(ml_dtypes.bfloat16),
-        DType.I32: np.dtype(np.int32),
-        DType.I64: np.dtype(np.int64),
-        DType.BOOL: np.dtype(np.bool_),
-    }
-
-
-@cache
-def _from_numpy_dtypes() -> dict[np.dtype, DType]:
-    return {v: k for k, v in _numpy_dtypes().items()}
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def from_numpy(dtype: np.dtype) -> DType:
-    try:
-        return _from_numpy_dtypes()[np.dtype(dtype)]
-    except KeyError:
-        raise TypeError(f"kiln has no dtype for numpy {np.dtype(dtype)}; "
-                        f"supported: {', '.join(d.value for d in DType)}") from None
+    dtype = np.dtype(dtype)
+    if dtype in _FROM_PLAIN:
+        return _FROM_PLAIN[dtype]
+    if dtype.name == "bfloat16":        # ml_dtypes' (a caller holding one has imported it)
+        return DType.BF16
+    raise TypeError(f"kiln has no dtype for numpy {dtype}; supported: {', '.join(d.value for d in DType)}")
 
 
 def accumulator(dtype: DType) -> DType:

@@ -9,6 +9,7 @@ one-key objects — {"float": repr}, {"dtype": "f32"}, {"expr": terms}. An expre
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -151,20 +152,40 @@ def _decode_atom(atom: Any) -> str | Call:
     raise ValueError(f"not an encoded dimension atom: {atom!r}")
 
 
-# torch's pytree specs: torch is imported only for a graph that has them (a module's), so that
-# the e-graph's process, which reads region graphs, starts without it
+# torch's pytree specs: torch is imported only where a spec is written or its structure used (a
+# module's outputs), so that the e-graph's process, which reads region graphs, and an LM
+# artifact's load (whose graphs torch.export gave specs nothing reads) start without it
+class SavedSpec:
+    """A pytree spec as read from JSON, parsed (importing torch, about a second) when asked for."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def resolved(self):
+        from torch.utils._pytree import treespec_loads
+        return treespec_loads(self.text)
+
+
+def resolve_spec(spec):
+    """A graph's in_spec or out_spec as torch's pytree functions take it (None stays None)."""
+    return spec.resolved() if isinstance(spec, SavedSpec) else spec
+
+
 def _dump_spec(spec) -> str | None:
-    if spec is None:
-        return None
+    if spec is None or isinstance(spec, SavedSpec):
+        return None if spec is None else spec.text
     from torch.utils._pytree import treespec_dumps
     return treespec_dumps(spec)
 
 
-def _load_spec(text: str | None):
+def _load_spec(text: str | None) -> SavedSpec | None:
+    """torch's spec JSON, [protocol, tree], checked for its form without torch."""
     if text is None:
         return None
-    from torch.utils._pytree import treespec_loads
-    return treespec_loads(text)
+    data = json.loads(text)
+    if not (isinstance(data, list) and len(data) == 2 and isinstance(data[0], int)):
+        raise ValueError(f"not a pytree spec: {text[:40]!r}")
+    return SavedSpec(text)
 
 
 def _checked_weights(graph: Graph, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

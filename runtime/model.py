@@ -5,6 +5,7 @@ must equal the stored sources."""
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from ..codegen.c_runner import is_runner
 from ..ir import DType, Graph, KilnError
 from ..ir.decode import decode_args
 from ..ir.last_position import prompt_args
-from ..ir.serialize import graph_from_json, graph_to_json
+from ..ir.serialize import graph_from_json, graph_to_json, resolve_spec
 from ..search import regions as regionlib
 from .artifact import read_artifact, write_artifact
 from .compiled import Choice, CompiledGraph
@@ -48,9 +49,20 @@ class CompiledModel:
     cache_shape, layers...); kind "module": one graph "forward"."""
 
     def __init__(self, kind: str, graphs: dict[str, CompiledGraph], info: dict[str, Any],
-                 hardware: dict, tokenizer=None, report: dict | None = None):
+                 hardware: dict, tokenizer=None, report: dict | None = None, tokenizer_folder: Path | None = None):
+        """`tokenizer_folder`: where a tokenizer is saved, loaded on first use of `tokenizer`
+        (importing transformers takes seconds that `kiln generate` and `kiln info` need not pay)."""
         self.kind, self.graphs, self.info = kind, graphs, info
-        self.hardware, self.tokenizer, self.report = hardware, tokenizer, report or {}
+        self.hardware, self.report = hardware, report or {}
+        self._tokenizer, self.tokenizer_folder = tokenizer, tokenizer_folder
+
+    @property
+    def tokenizer(self):
+        """transformers' tokenizer of the model, where it was compiled with one."""
+        if self._tokenizer is None and self.tokenizer_folder is not None:
+            from transformers import AutoTokenizer
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.tokenizer_folder), local_files_only=True)
+        return self._tokenizer
 
     @property
     def backend(self) -> str:
@@ -74,7 +86,7 @@ class CompiledModel:
         outs = graph.host(*(to_numpy(a) if isinstance(a, torch.Tensor) else a for a in leaves))
         if torch_in:
             outs = [from_numpy(o) for o in outs]
-        spec = graph.graph.out_spec
+        spec = resolve_spec(graph.graph.out_spec)
         return pytree.tree_unflatten(outs, spec) if spec is not None else outs
 
     def _zero_caches(self) -> list:
@@ -126,8 +138,8 @@ class CompiledModel:
         [1, T + new] for tensor input or a list of ints for list input."""
         if self.kind != "lm":
             raise KilnError("kiln: generate() needs a causal LM compiled with compile_lm")
-        import torch
-        as_tensor = isinstance(input_ids, torch.Tensor)
+        torch = sys.modules.get("torch")       # a tensor's caller loaded it; a list's need not
+        as_tensor = torch is not None and isinstance(input_ids, torch.Tensor)
         ids = input_ids.reshape(-1).tolist() if as_tensor else [int(t) for t in np.asarray(input_ids).reshape(-1)]
         if eos_token_id is None:
             eos_token_id = self.info.get("eos_token_id")
@@ -198,12 +210,9 @@ class CompiledModel:
                 if open_file(path).decode() != src:
                     raise KilnError(f"kiln: {folder}: kernel {fn} differs from what this Kiln "
                                     "renders; the artifact is corrupted, compile it again")
-        tokenizer = None
-        if manifest.get("tokenizer"):
-            from transformers import AutoTokenizer
-            tokenizer = AutoTokenizer.from_pretrained(str(Path(folder) / "tokenizer"), local_files_only=True)
         report = _json(open_file("report.json"), folder, "report")
-        return CompiledModel(manifest["kind"], graphs, manifest["info"], hardware, tokenizer, report)
+        return CompiledModel(manifest["kind"], graphs, manifest["info"], hardware, None, report,
+                             Path(folder) / "tokenizer" if manifest.get("tokenizer") else None)
 
 
 def _json(raw: bytes, folder, what: str) -> dict:
@@ -214,6 +223,10 @@ def _json(raw: bytes, folder, what: str) -> dict:
 
 
 def _graph_record(compiled: CompiledGraph) -> dict:
+    """The graph, each distinct region's chosen program, and the split into regions: each
+    region's key and label, and the graph's nodes (by their place in its evaluation order) that
+    flow into it and that it computes, so that a load need not split the graph again (1-2 s a
+    graph of SmolLM2 on the CPU, most of a load)."""
     reps = {}
     for region in compiled.regions:
         reps.setdefault(region.key, region)
@@ -222,7 +235,18 @@ def _graph_record(compiled: CompiledGraph) -> dict:
         program = Graph(inputs=list(reps[key].inputs), outputs=list(choice.outputs))
         choices[key] = {"program": graph_to_json(program), "variant": choice.variant,
                         "configs": [c.to_json() for c in choice.configs]}
-    return {"graph": graph_to_json(compiled.graph), "choices": choices}
+    place = {id(n): i for i, n in enumerate(compiled.graph.nodes())}
+    regions = [{"key": r.key, "label": r.label, "feeds": [place[id(n)] for n in r.feeds],
+                "produces": [place[id(n)] for n in r.produces]} for r in compiled.regions]
+    return {"graph": graph_to_json(compiled.graph), "choices": choices, "regions": regions}
+
+
+def _stored_regions(graph: Graph, stored: list[dict], programs: dict[str, Graph]) -> list[regionlib.Region]:
+    """The regions a record stores, over `graph` (whose evaluation order numbers the nodes)."""
+    order = graph.nodes()
+    return [regionlib.Region(k, r["label"], list(programs[r["key"]].inputs), list(programs[r["key"]].outputs),
+                             [order[i] for i in r["feeds"]], [order[i] for i in r["produces"]], r["key"])
+            for k, r in enumerate(stored)]
 
 
 def _compiled_from_record(record: dict, tensors: dict, backend, folder, parsed: dict) -> CompiledGraph:
@@ -233,14 +257,21 @@ def _compiled_from_record(record: dict, tensors: dict, backend, folder, parsed: 
         if text not in parsed:
             graph = graph_from_json(record["graph"])
             graph.weights = {n.attrs["name"]: tensors[n.attrs["name"]] for n in graph.weight_nodes()}
-            parsed[text] = graph, regionlib.split(graph)
-        graph, regions = parsed[text]
-        keys = {r.key for r in regions}
-        choices = {}
+            parsed[text] = graph, {}
+        graph, split = parsed[text]
+        choices, programs = {}, {}
         for key, c in record["choices"].items():
-            program = graph_from_json(c["program"])
+            programs[key] = program = graph_from_json(c["program"])
             choices[key] = Choice(program.outputs, c["variant"],
                                   [backend.config_from_json(x) for x in c["configs"]])
+        stored = record.get("regions")
+        if stored is not None:
+            regions = _stored_regions(graph, stored, programs)
+        else:       # written before records held the split
+            if "regions" not in split:
+                split["regions"] = regionlib.split(graph)
+            regions = split["regions"]
+        keys = {r.key for r in regions}
         if keys - choices.keys():
             raise KeyError(f"regions without a choice: {sorted(keys - choices.keys())}")
     except (KeyError, TypeError, ValueError) as err:

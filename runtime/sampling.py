@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+import sys
+
 import numpy as np
-import torch
 
 from ..ir.errors import KilnError, ShapeError
 
@@ -77,14 +78,14 @@ def generate_tokens(step_prefill: PrefillStep, step_decode: DecodeStep, input_id
     stop = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
     rng = np.random.default_rng(seed)
     if streamer is not None:
-        streamer.put(torch.tensor([input_ids], dtype=torch.long))
+        streamer.put(_streamed([input_ids]))
     logits = step_prefill(np.array([input_ids], dtype=np.int64))[0, -1]             # [vocab]
     pos, new = len(input_ids), []
     while True:
         token = choose_token(logits, do_sample, temperature, top_k, top_p, rng)
         new.append(token)
         if streamer is not None:
-            streamer.put(torch.tensor([token], dtype=torch.long))
+            streamer.put(_streamed([token]))
         if token in stop or len(new) == max_new_tokens:
             break
         logits = step_decode(token, pos)[0, -1]                                      # [vocab]
@@ -92,6 +93,13 @@ def generate_tokens(step_prefill: PrefillStep, step_decode: DecodeStep, input_id
     if streamer is not None:
         streamer.end()
     return new
+
+
+def _streamed(ids: list) -> object:
+    """Token ids as a streamer takes them: a LongTensor, as transformers' streamers expect, where
+    torch is loaded (a transformers streamer loads it), else an int64 array (Kiln's own)."""
+    torch = sys.modules.get("torch")
+    return torch.tensor(ids, dtype=torch.long) if torch is not None else np.array(ids, dtype=np.int64)
 
 
 def _check_prompt(input_ids: list[int], max_new_tokens: int, vocab_size: int, max_seq: int) -> None:

@@ -45,7 +45,7 @@ def test_evicting_keeps_the_values():
 
 def test_kernel_and_region_timings_evict_the_weights_before_every_call(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE", str(tmp_path))
-    region, outputs = _region()          # x[8, 64, 1] times the weight w[1, 64, 16]
+    region, outputs = _region()          # exp2(x[8, 64, 1]) times the weight w[1, 64, 16]
     backend = EvictionLog()
     with TuneDB(tmp_path / "tune.sqlite") as db:
         measurer = Measurer(backend, db, "test-machine", region)

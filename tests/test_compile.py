@@ -86,6 +86,27 @@ def test_artifact_round_trip(tiny):
     assert runners and all("void run_" in r.read_text() for r in runners)
 
 
+def test_a_load_takes_the_split_into_regions_from_the_artifact(tiny, monkeypatch):
+    """The regions a compile split its graphs into travel in the artifact: a load rebuilds the
+    same regions (keys, labels, the nodes flowing in and computed) without splitting again."""
+    from kiln.search import regions as regionlib
+    _, compiled, root = tiny
+
+    def split(graph):
+        raise AssertionError("a load split a graph again")
+    monkeypatch.setattr(regionlib, "split", split)
+    loaded = kiln.load(root / "artifact")
+    for name, graph in compiled.graphs.items():
+        again = loaded.graphs[name]
+        order = {id(n): i for i, n in enumerate(graph.graph.nodes())}
+        order_again = {id(n): i for i, n in enumerate(again.graph.nodes())}
+        assert [(r.key, r.label) for r in again.regions] == [(r.key, r.label) for r in graph.regions]
+        for r, s in zip(graph.regions, again.regions):
+            assert [order[id(n)] for n in r.feeds] == [order_again[id(n)] for n in s.feeds]
+            assert [order[id(n)] for n in r.produces] == [order_again[id(n)] for n in s.produces]
+            assert [n.op for n in r.feeds] == [n.op for n in s.feeds]
+
+
 def test_the_bench_puts_the_kernel_sum_beside_the_decode_step(tiny):
     from kiln.runtime.bench import decode_launch_figures
     _, compiled, _ = tiny

@@ -177,7 +177,7 @@ def test_a_library_call_far_faster_than_the_default_ends_the_kernels_tuning(tmp_
     from kiln.runtime.measure import Measurer, kernel_space
     from kiln.search.tunedb import TuneDB
     from tests.test_worker import VARIANT, _region
-    region, outputs = _region()
+    region, outputs = _region(plain=True)
     backend, db = CpuBackend(), TuneDB(tmp_path / "tune.sqlite")
     measurer = Measurer(backend, db, "test", region)
     (kernel,) = [k for k in schedule(region.graph(outputs), POLICIES[VARIANT]).kernels if as_gemm(k)]

@@ -26,11 +26,14 @@ from kiln.search.tunedb import TuneDB
 VARIANT = next(iter(POLICIES))
 
 
-def _region() -> Region:
-    """x[8, 64] times w[64, 16]: one reduction kernel, several configurations to time."""
+def _region(plain: bool = False) -> Region:
+    """exp2(x[8, 64]) times w[64, 16] (x itself where `plain`), summed over 64: one reduction
+    kernel, several configurations to time. Not a plain product by default: a product is also a
+    library call, whose win by LIBRARY_PRUNE over the default would leave planted
+    configurations untimed."""
     x = Node(Op.INPUT, name="x", role="input", shape=shape_of((8, 64, 1)), dtype=DType.F32)
     w = Node(Op.INPUT, name="w", role="weight", shape=shape_of((1, 64, 16)), dtype=DType.F32)
-    product = Node(Op.MUL, [Node(Op.EXPAND, [x], shape=shape_of((8, 64, 16))),
+    product = Node(Op.MUL, [Node(Op.EXPAND, [x if plain else Node(Op.EXP2, [x])], shape=shape_of((8, 64, 16))),
                             Node(Op.EXPAND, [w], shape=shape_of((8, 64, 16)))])
     out = reduce(Op.SUM_REDUCE, product, [1])
     rng = np.random.default_rng(0)
@@ -138,7 +141,7 @@ def test_past_the_deadline_a_product_is_still_timed_as_a_library_call(tmp_path, 
     from kiln.codegen.library import LibraryConfig
     from kiln.search.budget import Deadline
     monkeypatch.setenv("KILN_CACHE", str(tmp_path))
-    region, outputs = _region()
+    region, outputs = _region(plain=True)
     backend = CpuBackend()
     (kernel,) = schedule(region.graph(outputs), POLICIES[VARIANT]).kernels
     space = backend.config_space(kernel)
