@@ -185,16 +185,19 @@ def bench_chart(json_path: str) -> None:
 @click.option("--at-position", "positions", multiple=True, type=click.IntRange(0, None),
               help="Also time Kiln's decode from this cache position (repeat for several): a "
                    "step's cost as the context grows.")
+@click.option("--artifact", type=click.Path(file_okay=False, exists=True),
+              help="Time this artifact (from `kiln compile` of the same model, --dtype and --max-seq) "
+                   "instead of compiling: a compile longer than one sitting, continued with --resume.")
 @_clean_errors
 def bench_gpu(model: str, dtype: str, tokens: int, budget: str, max_seq: int, torch_compile: bool,
               db: str | None, lowered_path: str | None, prefill: int, json_path: str | None,
-              positions: tuple[int, ...]) -> None:
+              positions: tuple[int, ...], artifact: str | None) -> None:
     """Decode and prefill tokens/s of PyTorch eager, torch.compile and Kiln (CUDA) on one GPU,
     in one run, with the copy bandwidth measured in the same run and each one's share of the
     bandwidth bound; the decode kernels that take the most time."""
     from .runtime.bench_gpu import run_gpu_bench
-    run_gpu_bench(model, dtype, tokens, budget, max_seq, torch_compile, json_path, db, lowered_path, prefill,
-                  positions)
+    run_gpu_bench(model, dtype, tokens, budget, max_seq, torch_compile, json_path, db, lowered_path=lowered_path,
+                  prefill=prefill, positions=positions, artifact=artifact)
 
 
 @main.command("lower")

@@ -93,7 +93,9 @@ def _write_json(result: dict, path: str) -> None:
 
 def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch_compile: bool,
             db: str | None, lowered_path: str | None = None, prefill: int = 512,
-            json_path: str | None = None, positions: tuple[int, ...] = ()) -> dict:
+            json_path: str | None = None, positions: tuple[int, ...] = (), artifact: str | None = None) -> dict:
+    """`artifact`: time what `kiln compile` wrote there (the same model, dtype and max_seq)
+    instead of compiling: a compile longer than one sitting, continued with --resume."""
     from .driver import compile_lm
     loaded = catalog.load(spec)
     model = loaded.model.to(getattr(torch, dtype)).eval()
@@ -115,9 +117,14 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
 
     # Kiln first: its compile lowers on the CPU copy of the model
     t0 = time.perf_counter()
-    lowered = hf.load_lowered(lowered_path, model) if lowered_path else None
-    compiled = compile_lm(model, max_seq=max_seq, backend="cuda", budget=budget, db=db, progress=False,
-                          lowered=lowered)
+    if artifact is not None:
+        compiled = _compiled_artifact(artifact, cache, dtype)
+        result["kiln_artifact"] = {"folder": artifact, "budget_s": compiled.info.get("budget_s"),
+                                   "searched_s": compiled.info.get("took_s")}
+    else:
+        lowered = hf.load_lowered(lowered_path, model) if lowered_path else None
+        compiled = compile_lm(model, max_seq=max_seq, backend="cuda", budget=budget, db=db, progress=False,
+                              lowered=lowered)
     result["kiln_compile_s"] = time.perf_counter() - t0
     result["prefill_logits"] = compiled.info.get("prefill_logits", "all")     # and eager's, torch.compile's
     _log(result, json_path, "kiln_compile_s")
@@ -298,18 +305,32 @@ def _fp32_logits(model, cache, ids, start_pos: int, count: int) -> list:
     return out
 
 
+def _compiled_artifact(folder: str, cache, dtype: str):
+    """The artifact at `folder`, refused unless compiled for the bench's cache layout and dtype."""
+    from ..frontend.lower import kiln_dtype
+    from .model import CompiledModel
+    compiled = CompiledModel.load(folder)
+    if (compiled.info.get("cache_shape"), compiled.info.get("cache_dtype")) != \
+            (list(cache.shape), kiln_dtype(cache.dtype).value):
+        raise ShapeError(f"kiln: {folder} was not compiled for this bench's model, dtype {dtype} and max_seq "
+                         f"(its cache {compiled.info.get('cache_shape')} {compiled.info.get('cache_dtype')}); "
+                         "compile it with the same --max-seq and --dtype")
+    return compiled
+
+
 SYSTEMS = (("eager", "PyTorch eager"), ("torch_compile", "torch.compile max-autotune"), ("kiln", "Kiln"))
 
 
 def run_gpu_bench(spec: str, dtype: str, tokens: int, budget: str, max_seq: int,
                   torch_compile: bool, json_path: str | None, db: str | None,
-                  lowered_path: str | None = None, prefill: int = 512, positions: tuple[int, ...] = ()) -> dict:
+                  lowered_path: str | None = None, prefill: int = 512, positions: tuple[int, ...] = (),
+                  artifact: str | None = None) -> dict:
     too_far = [p for p in positions if p + AT_POSITION_TOKENS + 4 > max_seq]
     if too_far:
         raise ShapeError(f"kiln: decode at position {too_far[0]} needs max_seq of at least "
                          f"{too_far[0] + AT_POSITION_TOKENS + 4} ({AT_POSITION_TOKENS} timed steps and 4 of warm-up)")
-    r = measure(spec, dtype, tokens, budget, max_seq, torch_compile, db, lowered_path, prefill, json_path,
-                positions)
+    r = measure(spec, dtype, tokens, budget, max_seq, torch_compile, db, lowered_path=lowered_path,
+                prefill=prefill, json_path=json_path, positions=positions, artifact=artifact)
     print(f"{r['model']} {r['dtype']} on {r['gpu']}: {r['tokens']} decode tokens timed (median), "
           f"prefill of {r['prefill_tokens']} tokens; copy bandwidth {r['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
           f"weights {r['weight_bytes'] / 1e9:.2f} GB, bound {r['bandwidth_bound_tokens_per_s']:.0f} tok/s")

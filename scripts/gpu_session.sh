@@ -3,7 +3,7 @@
 # diagnostics of small lowered models, then the side-by-side bench on the lowered Llama-3.2-1B
 # (arguments go to `kiln bench gpu`). Logs under $OUT. The tuning database lives in build/ (kept
 # while the machine stays warm), so a second call re-measures nothing.
-#   STEPS="tests debug bench gemv long smollm2 cli" (default the first three); TESTS (a regex: which GPU
+#   STEPS="tests debug compile bench gemv long smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
 #   tests), TEST_TIMEOUT (each test),
 #   DEBUG_TIMEOUT, BENCH_TIMEOUT, LONG_TIMEOUT, CLI_TIMEOUT in seconds. `long` times decode as the
 #   context grows, from its own empty database, on lowered/llama1b-4096 (`kiln lower llama-3.2-1b
@@ -36,9 +36,18 @@ if [[ $steps == *debug* ]]; then
   timeout "${DEBUG_TIMEOUT:-150}" python3 scripts/gpu_debug.py ${DEBUG_MODELS:-lowered/tiny2_f32 lowered/tiny2_bf16} \
     2>&1 | grep -v Warning | tee "$out/debug.log" | tail -40
 fi
+if [[ $steps == *compile* ]]; then
+  # a compile at the default 10-minute budget, over calls of at most 10 minutes: each runs it for
+  # COMPILE_TIMEOUT seconds, the next call resumes it (its journal and the database stay in build/
+  # while the machine is warm: call again within 30 s); BENCH_ARTIFACT=build/llama-art then times it
+  resume=$([ -f build/.llama-art.kiln-compile.json ] && echo --resume || echo --budget "${COMPILE_BUDGET:-10m}")
+  timeout "${COMPILE_TIMEOUT:-540}" python3 -m kiln.cli compile llama-3.2-1b --backend cuda --lowered lowered/llama1b \
+    --dtype bfloat16 --max-seq 704 --out build/llama-art --db build/gpu-tune.sqlite $resume 2>&1 \
+    | grep -v Warning | tee -a "$out/compile.log" | tail -15
+fi
 if [[ $steps == *bench* ]]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 -m kiln.cli bench gpu --lowered lowered/llama1b --db build/gpu-tune.sqlite \
-    --json "$out/bench.json" "$@" 2>&1 | grep -v Warning | tee "$out/bench.log" | tail -25
+    ${BENCH_ARTIFACT:+--artifact "$BENCH_ARTIFACT"} --json "$out/bench.json" "$@" 2>&1 | grep -v Warning | tee "$out/bench.log" | tail -25
 fi
 if [[ $steps == *gemv* ]]; then    # the per-kernel GEMV table: every template configuration, cuBLAS, copy
   timeout "${GEMV_TIMEOUT:-300}" python3 scripts/gemv_table.py 2>&1 | grep -v Warning | tee "$out/gemv.log" | tail -30

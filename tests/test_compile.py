@@ -2,6 +2,7 @@
 resume after SIGKILL, and the errors bad input gets."""
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import os
@@ -105,6 +106,20 @@ def test_a_load_takes_the_split_into_regions_from_the_artifact(tiny, monkeypatch
             assert [order[id(n)] for n in r.feeds] == [order_again[id(n)] for n in s.feeds]
             assert [order[id(n)] for n in r.produces] == [order_again[id(n)] for n in s.produces]
             assert [n.op for n in r.feeds] == [n.op for n in s.feeds]
+
+
+def test_the_gpu_bench_times_an_artifact_only_of_its_cache_layout(tiny):
+    """`kiln bench gpu --artifact` (a compile continued with --resume over several sittings)
+    takes an artifact compiled for the bench's model, dtype and max_seq, and refuses another."""
+    from kiln.frontend import hf
+    from kiln.runtime.bench_gpu import _compiled_artifact
+    model, compiled, root = tiny
+    loaded = _compiled_artifact(str(root / "artifact"), hf.cache_spec(model, 48), "float32")
+    assert loaded.info == compiled.info
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    for cache, dtype in ((hf.cache_spec(model, 40), "float32"), (hf.cache_spec(bf16, 48), "bfloat16")):
+        with pytest.raises(kiln.ShapeError, match="was not compiled for this bench"):
+            _compiled_artifact(str(root / "artifact"), cache, dtype)
 
 
 def test_the_bench_puts_the_kernel_sum_beside_the_decode_step(tiny):
