@@ -407,4 +407,3 @@ BINARY = frozenset(op for op, s in OPS.items() if s.kind is Kind.BINARY)
 ELEMENTWISE = UNARY | BINARY | {Op.WHERE, Op.CAST}
 REDUCE = frozenset(op for op, s in OPS.items() if s.kind is Kind.REDUCE)
 VIEWS = frozenset(op for op, s in OPS.items() if s.kind is Kind.VIEW)
-COMMUTATIVE = frozenset({Op.ADD, Op.MUL})

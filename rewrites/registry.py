@@ -11,7 +11,7 @@ from ..ir import KilnError
 from ..search.dsl import Rule
 
 # stages run in this order; a topic module names its stage with STAGE
-STAGES = ("analysis", "algebra", "views", "reductions", "idioms", "fusion", "lowering")
+STAGES = ("analysis", "algebra", "views", "reductions", "idioms")
 
 
 @dataclass

@@ -191,10 +191,6 @@ def choice(view: EGraphView, genome: Genome) -> dict[str, ENode]:
     return {s.class_ids[c]: s.enodes[c][j] for c, j in enumerate(genome) if j >= 0}
 
 
-def random_choice(view: EGraphView, rng: random.Random) -> dict[str, ENode]:
-    return choice(view, draw(view, rng))
-
-
 def decode(enc: Encoded, view: EGraphView, genome: Genome) -> list[Node]:
     return Decoder(enc, view).build(choice(view, genome))
 
