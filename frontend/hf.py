@@ -12,6 +12,7 @@ positions, so transformers builds no mask of its own (and adds no packed-sequenc
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 import os
 import importlib.util
 from dataclasses import dataclass
@@ -249,7 +250,25 @@ def lower_causal_lm(model: torch.nn.Module, max_seq: int) -> LoweredLM:
     in eval mode; its weights become the graphs' weights."""
     spec = cache_spec(model, max_seq)
     vocab = int(model.config.get_text_config().vocab_size)
-    return LoweredLM(lower_prefill(model, spec), lower_decode(model, spec), spec, vocab)
+    with _batched_experts(model):
+        return LoweredLM(lower_prefill(model, spec), lower_decode(model, spec), spec, vocab)
+
+
+@contextmanager
+def _batched_experts(model: torch.nn.Module):
+    """Mixture-of-experts layers exported with transformers' "batched_mm" experts (every expert's
+    weights gathered by the router's top-k choice, then batched products): the default
+    "grouped_mm" brings aten.sort, aten.histc and a custom op, "eager" does not export
+    (docs/findings.md). The model's own setting is restored after."""
+    config = model.config.get_text_config()
+    before = getattr(config, "_experts_implementation", None)
+    if hasattr(config, "_experts_implementation"):
+        config._experts_implementation = "batched_mm"
+    try:
+        yield
+    finally:
+        if hasattr(config, "_experts_implementation"):
+            config._experts_implementation = before
 
 
 # ---- greedy generation through the reference interpreter --------------------------------------

@@ -7,6 +7,7 @@ relative error (max |out - ref| / max |ref|) of at most 1e-4, on random inputs.
 from __future__ import annotations
 
 import inspect
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -164,8 +165,23 @@ def tiny_gpt2() -> nn.Module:
                                       bos_token_id=0, eos_token_id=0))
 
 
+def tiny_moe(arch: str, **experts) -> Callable[[], nn.Module]:
+    """A mixture-of-experts LM as transformers builds it (its default "grouped_mm" experts, which
+    lower_causal_lm exports as "batched_mm"): 4 experts, 2 a token, in every layer."""
+    def make() -> nn.Module:
+        import transformers
+        config = getattr(transformers, arch.replace("ForCausalLM", "Config"))(
+            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, num_experts_per_tok=2, **experts)
+        return getattr(transformers, arch)(config)
+    return make
+
+
 TINY_LMS = {"llama": tiny_llama, "qwen2": tiny_qwen2, "gpt2": tiny_gpt2}
-CAUSAL_LMS = [*TINY_LMS, pytest.param("smollm2", marks=pytest.mark.slow)]
+MOE_LMS = {"mixtral": tiny_moe("MixtralForCausalLM", num_local_experts=4),
+           "qwen3_moe": tiny_moe("Qwen3MoeForCausalLM", num_experts=4, moe_intermediate_size=64),
+           "olmoe": tiny_moe("OlmoeForCausalLM", num_experts=4)}
+CAUSAL_LMS = [*TINY_LMS, *MOE_LMS, pytest.param("smollm2", marks=pytest.mark.slow)]
 TINY_MAX_SEQ = 32
 
 
@@ -198,7 +214,7 @@ def causal_lm(request, tiny_lms):
         return request.getfixturevalue("smollm2")[0], request.getfixturevalue("smollm2_lowered")
     if name not in tiny_lms:
         torch.manual_seed(0)
-        model = TINY_LMS[name]().eval()
+        model = {**TINY_LMS, **MOE_LMS}[name]().eval()
         tiny_lms[name] = model, hf.lower_causal_lm(model, TINY_MAX_SEQ)
     return tiny_lms[name]
 
@@ -299,3 +315,20 @@ def test_relative_error_helper_sees_differences():
     ref = torch.tensor([1.0, -4.0])
     assert rel_err(ref, ref) == 0.0
     assert np.isclose(rel_err(ref + torch.tensor([0.0, 0.4]), ref), 0.1)
+
+
+@pytest.mark.parametrize("name", MOE_LMS)
+def test_a_mixture_of_experts_lm_lowers_with_batched_experts_and_keeps_its_own(name):
+    """lower_causal_lm exports a MoE model's experts as "batched_mm" (its default "grouped_mm"
+    sorts tokens by expert, which Kiln has no primitive for) and gives the model its own setting
+    back; the reference interpreter's greedy continuation is transformers'."""
+    torch.manual_seed(0)
+    model = MOE_LMS[name]().eval()
+    before = model.config._experts_implementation
+    lm = hf.lower_causal_lm(model, TINY_MAX_SEQ)
+    assert model.config._experts_implementation == before
+    ids = [5, 17, 3, 200, 9]
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        want = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=8, do_sample=False)[0].tolist()
+    assert ids + hf.reference_generate(lm, ids, 8) == want

@@ -84,7 +84,7 @@ CASES: dict[str, tuple[torch.dtype, ...]] = {
     "nn.functional.logsigmoid": (), "nn.functional.glu": (), "nn.functional.prelu": (),
     # --- reductions ---------------------------------------------------------------------------
     "sum": (I64, BOOL, BF16), "mean": (BF16,), "nansum": (), "nanmean": (), "prod": (I64,),
-    "amax": (I64, BOOL), "amin": (I64, BOOL), "aminmax": (I64,),
+    "amax": (I64, BOOL), "amin": (I64, BOOL), "aminmax": (I64,), "topk": (),
     "max.reduction_no_dim": (I64,), "max.reduction_with_dim": (I64, BOOL),
     "min.reduction_no_dim": (I64,), "min.reduction_with_dim": (I64,),
     "argmax": (I64,), "argmin": (I64,), "any": (I64, BOOL), "all": (I64, BOOL), "count_nonzero": (),

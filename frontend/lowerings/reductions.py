@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math as pymath
 
+import numpy as np
+
 from ...ir import DType, Expr, Node, Op, UnsupportedOp
 from ...ir import build
 from ...ir.symbolic import prod
@@ -252,8 +254,48 @@ def lower_baddbmm(ctx: LowerCtx, bias, a, b, beta=1, alpha=1):
     return lower_addmm(ctx, bias, a, b, beta, alpha)
 
 
+@register_lowering(aten.topk.default)
+def lower_topk(ctx: LowerCtx, x, k, dim=-1, largest=True, sorted=True):
+    """k rounds of arg_best's max and first index, each over the elements no round took yet:
+    no sort primitive, and a router picks 1-8 of 8-128 experts (issue 17), where k max-reductions
+    over a row are cheap and stay visible to the rewrites. Values come largest first (smallest
+    with largest=False), ties by the lower index, as PyTorch orders them; `sorted=False` allows
+    any order, and this one is sorted too. A NaN is not ranked as PyTorch ranks it (the largest)."""
+    if not isinstance(k, int):
+        raise UnsupportedOp("aten.topk with a symbolic k (the rounds are unrolled)")
+    if x.dtype is DType.BOOL:
+        raise UnsupportedOp("aten.topk of a bool tensor")
+    if x.rank == 0:
+        return x, build.constant(0, DType.I64, ())
+    axis = dim % x.rank
+    n = x.shape[axis]
+    if k == 0:
+        empty = x.shape[:axis] + (Expr.of(0),) + x.shape[axis + 1:]
+        return build.constant(0, x.dtype, empty), build.constant(0, DType.I64, empty)
+    y = x if largest else m.neg(x)
+    index = build.broadcast_to(build.reshape(build.iota(n), tuple(n if i == axis else Expr.of(1)
+                                                                   for i in range(x.rank))), x.shape)
+    lowest = build.constant(float("-inf") if x.dtype.is_float else int(np.iinfo(x.dtype.np).min), x.dtype, x.shape)
+    taken = build.constant(False, DType.BOOL, x.shape)
+    values, indices = [], []
+    for _ in range(k):
+        free = m.where(taken, lowest, y)
+        best = amax(free, [axis], keepdim=True)
+        # the first untaken index reaching the best: max over (n - i) where it does
+        hit = m.logical_and(m.eq(free, build.broadcast_to(best, x.shape)), m.logical_not(taken))
+        count = build.cast(build.scalar_of(n), DType.I64)
+        first = m.sub(count, amax(m.where(hit, m.sub(build.broadcast_to(count, x.shape), index),
+                                          build.constant(0, DType.I64, x.shape)), [axis], keepdim=True))
+        taken = m.logical_or(taken, m.eq(index, build.broadcast_to(first, x.shape)))
+        values.append(best if largest else m.neg(best))
+        indices.append(first)
+    if k == 1:
+        return values[0], indices[0]
+    return Node(Op.CONCAT, values, axis=axis), Node(Op.CONCAT, indices, axis=axis)
+
+
 # order statistics: no sort primitive; an O(n^2) rank count would fit small rows, not a vocabulary
-for _target in (aten.sort.default, aten.sort.stable, aten.topk.default, aten.kthvalue.default,
+for _target in (aten.sort.default, aten.sort.stable, aten.kthvalue.default,
                 aten.median.default, aten.median.dim, aten.nanmedian.default, aten.nanmedian.dim,
                 aten.mode.default, aten.cummax.default, aten.cummin.default, aten.searchsorted.Tensor,
                 aten.bucketize.Tensor, aten.histc.default):
