@@ -118,6 +118,32 @@ def bench_frontend(models: tuple[str, ...], tokens: int, json_path: str | None) 
     run_frontend_bench(list(models), tokens, json_path)
 
 
+@bench.command("coverage")
+@click.option("--arch", "archs", multiple=True, metavar="NAME",
+              help="A transformers *ForCausalLM class to try (repeat for several; default: every one).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the rows here.")
+@_clean_errors
+def bench_coverage(archs: tuple[str, ...], json_path: str | None) -> None:
+    """Which transformers causal LMs lower: each built tiny from its default config, exported as
+    ids -> logits, lowered and checked against eager in the reference interpreter; the first
+    ATen op that stops each other one, ranked by how many it stops."""
+    import dataclasses
+    import json
+    from .frontend.coverage import ranked_ops, sweep
+    rows = sweep(list(archs) or None, progress=lambda r: click.echo(
+        f"{r.arch:44s} {r.stage:9s} {r.detail or (f'max error {r.error:.1e}' if r.error is not None else '')}"
+        f"  ({r.seconds:.1f} s)"))
+    stages = {stage: sum(r.stage == stage for r in rows) for stage in ("lowered", "mismatch", "lower", "export", "build")}
+    click.echo(f"\n{stages['lowered']} of {len(rows)} lower and match eager; " +
+               ", ".join(f"{n} {stage}" for stage, n in stages.items() if n and stage != "lowered") +
+               " (where each stopped: 'lower' an op without a lowering, 'mismatch' logits that differ)")
+    for op, n in ranked_ops(rows):
+        click.echo(f"  {n:3d}  {op}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump([dataclasses.asdict(r) for r in rows], f, indent=1)
+
+
 @bench.command("search")
 @click.option("--model", "models", multiple=True, default=("smollm2", "llama-3.2-1b"), show_default=True,
               help="MODEL to measure (repeat for several).")

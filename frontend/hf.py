@@ -250,12 +250,12 @@ def lower_causal_lm(model: torch.nn.Module, max_seq: int) -> LoweredLM:
     in eval mode; its weights become the graphs' weights."""
     spec = cache_spec(model, max_seq)
     vocab = int(model.config.get_text_config().vocab_size)
-    with _batched_experts(model):
+    with batched_experts(model):
         return LoweredLM(lower_prefill(model, spec), lower_decode(model, spec), spec, vocab)
 
 
 @contextmanager
-def _batched_experts(model: torch.nn.Module):
+def batched_experts(model: torch.nn.Module):
     """Mixture-of-experts layers exported with transformers' "batched_mm" experts (every expert's
     weights gathered by the router's top-k choice, then batched products): the default
     "grouped_mm" brings aten.sort, aten.histc and a custom op, "eager" does not export

@@ -1,0 +1,24 @@
+"""`kiln bench coverage`: transformers causal LMs built tiny, exported, lowered and checked against
+eager in the reference interpreter; the first op that stops a model is named and ranked."""
+from __future__ import annotations
+
+from kiln.frontend.coverage import Row, check, ranked_ops
+
+STOPPED = ("Llama4ForCausalLM", "aten.polar")     # rotary in complex numbers
+
+
+def test_a_dense_and_a_mixture_of_experts_lm_lower_and_match_eager():
+    for arch in ("LlamaForCausalLM", "MixtralForCausalLM"):
+        row = check(arch)
+        assert row.stage == "lowered" and row.error < 1e-4, row
+
+
+def test_a_model_that_does_not_lower_is_named_with_its_first_op():
+    row = check(STOPPED[0])
+    assert (row.stage, row.detail) == ("lower", STOPPED[1]), row
+
+
+def test_ops_are_ranked_by_the_models_they_stop():
+    rows = [Row("A", "lower", "aten.sort.default"), Row("B", "lower", "aten.polar.default"),
+            Row("C", "lower", "aten.sort.default"), Row("D", "lowered", error=0.0), Row("E", "export", "x")]
+    assert ranked_ops(rows) == [("aten.sort.default", 2), ("aten.polar.default", 1)]
