@@ -78,6 +78,10 @@ def test_page_shows_the_search_kernels_stages_and_hardware(compiled, page):
             if not 2 / 3 < ratio < 3 / 2:
                 assert f"End to end is {ratio:.2f}x the estimate: " in html
     assert "whole graph: best against candidates" in html
+    for name in report["graphs"]:                 # the search's rate, per region
+        head, *rows = table_rows(html, f"Graph {name}")
+        rate = head.index("candidates a minute")
+        assert rows and all(float(row[rate]) > 0 for row in rows)
     assert html.count("<svg") >= 4 * len(report["graphs"])
     assert "Rules that fired in this region" in html and "not necessarily on all of them" in html
     assert "<b>outer</b> = which output loop runs outermost" in html   # the configuration legend
