@@ -13,6 +13,7 @@ from ..codegen.schedule import POLICIES, Program, schedule
 from ..ir import Graph, Node, ShapeError
 from ..ir.graph import is_weight
 from ..search import regions as regionlib
+from .backend import Recording
 from .executor import Executor, Scratch, fixed_symbols, plan_buffers
 
 
@@ -80,7 +81,7 @@ class CompiledGraph:
             self.executors.append(executor)
         # asked once: a decode step is short, and the question walks every kernel (~80 us for 60
         # kernels here, on every call, before it was kept)
-        self._replayable = (hasattr(self.backend, "capture") and replays(graph) and
+        self._replayable = (isinstance(self.backend, Recording) and replays(graph) and
                             all(ex.replayable for ex in self.executors))
         # where each symbol is read from (an input's dimension), and the inputs no node reads:
         # what a replayed step needs of its arguments

@@ -18,6 +18,7 @@ from ..ir import Graph, KilnError, decode
 from ..ir.last_position import last_position, prompt_args
 from ..search.budget import Deadline, parse_budget
 from ..search.tunedb import TuneDB
+from .backend import Evicting
 from .artifact import check_writable
 from .compiled import CompiledGraph
 from .compiler import GraphReport, compile_graph
@@ -107,7 +108,7 @@ def _search(graphs: dict[str, tuple[Graph, list[np.ndarray], float]], budget: De
     hardware = fingerprint(backend_name)
     # the tuning database's key: the hardware, and how the backend times (measurements taken one
     # way, warm caches or cold weights, are never ranked against ones taken the other)
-    timing = {"timing": backend.timing} if hasattr(backend, "timing") else {}
+    timing = {"timing": backend.timing} if isinstance(backend, Evicting) else {}
     tuning_key = fingerprint_id({**hardware, **timing})
     compiled, reports = {}, {}
     with TuneDB(db_path or TuneDB.default_path()) as db:

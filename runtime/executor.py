@@ -12,6 +12,7 @@ from ..codegen.kernel import KernelConfig
 from ..codegen.library import is_library
 from ..codegen.schedule import Program
 from ..ir.graph import Graph
+from .backend import Evicting
 
 
 def fixed_symbols(inputs: list) -> frozenset[str]:
@@ -177,7 +178,7 @@ class Executor:
         self._launchers = [backend.launcher(fn, k, c)
                            for fn, k, c in zip(self.functions, program.kernels, self.configs)]
         self.runner = None
-        if deployed and getattr(backend, "region_runner", None) is not None:
+        if deployed and isinstance(backend, Evicting):
             self.runner = backend.region_runner(self, like.runner if like is not None else None)
 
     @property

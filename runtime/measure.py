@@ -18,6 +18,7 @@ from ..ir.errors import CompileError
 from ..search.budget import Deadline
 from ..search.tuner import Outcome
 from ..search.tunedb import TuneDB
+from .backend import Evicting, Recording
 from .executor import Executor
 
 TIMING_TARGET_S = 0.002      # per kernel and configuration: repeat until this much time is spent
@@ -67,7 +68,7 @@ class Measurer:
         self.rtol = tolerance([n.dtype.np for n in region.inputs] +
                               [w.dtype for w in region.weights.values()])
         self.kernels_measured = 0
-        self._recorded = hasattr(backend, "capture") and region.recorded
+        self._recorded = isinstance(backend, Recording) and region.recorded
 
     # --- the tuner's callables ----------------------------------------------------------------
     def evaluate(self, outputs: list[Node], variant: str) -> Outcome:
@@ -142,7 +143,7 @@ class Measurer:
         """The timing option that evicts `weights` before each timed call, where the backend
         can (the CPU: a decode step reads each weight once, from memory, never from the cache a
         repeated call warms; CUDA's timing overwrites its L2 cache before every call anyway)."""
-        if not weights or not hasattr(self.backend, "evicter"):
+        if not weights or not isinstance(self.backend, Evicting):
             return {}
         return {"before": self.backend.evicter(weights)}
 
