@@ -23,6 +23,7 @@ import numpy as np
 import safetensors.numpy
 from safetensors import SafetensorError, safe_open
 
+from ..ir.dtypes import DType
 from ..ir.errors import KilnError
 
 ARTIFACT_FORMAT = 3
@@ -97,7 +98,6 @@ def read_artifact(folder: Path) -> tuple[dict, Callable[[str], bytes], dict[str,
                         f"reads format {ARTIFACT_FORMAT}; compile the model again")
     _verify(folder, manifest)
     try:
-        # BF16 reads back as ml_dtypes.bfloat16, which kiln.ir.dtypes registers with numpy
         with safe_open(folder / WEIGHTS, framework="np") as weights:
             tensors = _on_huge_pages(weights, (folder / WEIGHTS).stat().st_size)
     except (OSError, SafetensorError) as err:
@@ -123,6 +123,8 @@ def _on_huge_pages(weights, file_bytes: int) -> dict[str, np.ndarray]:
     2-core VM). The arrays hold the mapping; nothing is held twice. The file's size bounds the
     tensors' bytes."""
     names = list(weights.keys())
+    if any(weights.get_slice(name).get_dtype() == "BF16" for name in names):
+        DType.BF16.np       # numpy reads bf16 as ml_dtypes' type, registered when it is imported
     arena = mmap.mmap(-1, file_bytes + _ALIGN * len(names), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         arena.madvise(mmap.MADV_HUGEPAGE)

@@ -325,3 +325,19 @@ def test_open_file_errors(artifact):
         open_file("b.txt")
     with pytest.raises(KilnError, match="not a file name"):
         open_file("../out/a.txt")
+
+
+def test_bf16_weights_read_back_in_a_fresh_process(tmp_path):
+    """ml_dtypes (bf16's numpy type) is imported only when asked for: a process that reads a bf16
+    artifact first thing must still read its weights (a fresh `kiln generate` once could not)."""
+    import subprocess
+    import sys
+    bf16 = DType.BF16.np
+    write_artifact(tmp_path / "out", {"manifest.json": json.dumps({"model": "tiny"})},
+                   {"w": np.arange(6, dtype=np.float32).astype(bf16).reshape(2, 3)})
+    code = ("import sys\nfrom kiln.runtime.artifact import read_artifact\n"
+            "_, _, tensors = read_artifact(sys.argv[1])\n"
+            "print(tensors['w'].dtype, tensors['w'].astype('float32').ravel().tolist())\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-1000:]
+    assert out.stdout.split() == ["bfloat16", "[0.0,", "1.0,", "2.0,", "3.0,", "4.0,", "5.0]"]
