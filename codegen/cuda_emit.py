@@ -14,7 +14,8 @@ from ..ir.ops import Op
 from ..ir.symbolic import Expr, sym
 from .c_emit import COMPUTE, LOWEST, SHARED_HELPERS, STORAGE, _Body, _inside, index_code, store_code
 from .index import substitute
-from .kernel import Kernel, Load, Reduce, Scalar, free_vars, renamed, split_reductions, staged_rows
+from .kernel import (Kernel, Load, Reduce, Scalar, free_vars, renamed, row_reductions, split_reductions,
+                     staged_rows)
 
 PRELUDE = r"""
 #ifdef __CUDACC_RTC__
@@ -98,13 +99,16 @@ class CudaConfig:
     steps are shared among `split` blocks (split-K, flash-decoding's split of the context), each
     writing its partial value to scratch memory; the last of them to arrive combines the partials in
     order and finishes the point, so a few long reductions (P.V over a long context, a 512-row GEMV)
-    fill the GPU in one launch."""
+    fill the GPU in one launch. `row`: a block per row (every output loop but the last): the
+    reductions the row's points share (kernel.row_reductions: softmax's max and sum, a norm's sum of
+    squares) are computed once by the whole block, then its threads take the row's points."""
     block: int = 256
     group: int = 1
     vector: int = 1
     across: bool = False
     stage: bool = False
     split: int = 1
+    row: bool = False
 
     @property
     def points_per_block(self) -> int:
@@ -112,17 +116,18 @@ class CudaConfig:
 
     def key(self) -> str:
         return (f"block{self.block}-group{self.group}-vector{self.vector}" + ("-across" if self.across else "")
-                + ("-stage" if self.stage else "") + (f"-split{self.split}" if self.split > 1 else ""))
+                + ("-stage" if self.stage else "") + (f"-split{self.split}" if self.split > 1 else "")
+                + ("-row" if self.row else ""))
 
     def to_json(self) -> dict:
         return {"block": self.block, "group": self.group, "vector": self.vector, "across": self.across,
-                "stage": self.stage, "split": self.split}
+                "stage": self.stage, "split": self.split, "row": self.row}
 
     @staticmethod
     def from_json(data: dict) -> CudaConfig:
         return CudaConfig(int(data["block"]), int(data["group"]), int(data["vector"]),
                           bool(data.get("across", False)), bool(data.get("stage", False)),
-                          int(data.get("split", 1)))
+                          int(data.get("split", 1)), bool(data.get("row", False)))
 
 
 
@@ -178,7 +183,24 @@ def vector_width(reduce: Reduce) -> int:
     return 1
 
 
+# a row at least this long fills a block's warps: a row configuration beats recomputing the
+# row's reductions at every point, and the point configurations are not offered
+_ROW_POINTS = 32
+
+
 def config_space(kernel: Kernel) -> list[CudaConfig]:
+    per_row = row_reductions(kernel)
+    rows = []
+    if per_row:
+        width = max(vector_width(r) for r in per_row)
+        rows = [CudaConfig(block, block, width, row=True) for block in (256, 512, 128, 1024)]
+        last = kernel.loops[-1][1]
+        if not last.is_const or last.value >= _ROW_POINTS:
+            return rows
+    return rows + _point_space(kernel)
+
+
+def _point_space(kernel: Kernel) -> list[CudaConfig]:
     shared = point_reductions(kernel)
     if not shared:
         return [CudaConfig(256, 1, 1), CudaConfig(128, 1, 1), CudaConfig(512, 1, 1)]
@@ -250,10 +272,16 @@ def _aligned(index: Expr, var: str, width: int) -> bool:
 
 class _CudaBody(_Body):
     def __init__(self, kernel: Kernel, config: CudaConfig):
-        super().__init__([("kiln_point", Expr.of(1))], config, tuple(w.value for w in kernel.writes))
+        # levels: 0 before the points' loop, 1 a point's; by rows 1 a row's, 2 a point's
+        levels = [("kiln_row", Expr.of(1))] if config.row else []
+        super().__init__(levels + [("kiln_point", Expr.of(1))], config, tuple(w.value for w in kernel.writes))
         self.level.update({v: 1 for v, _ in kernel.loops})
-        self.cooperative = (set(point_reductions(kernel))
-                            if config.group > 1 or config.vector > 1 or config.split > 1 else set())
+        if config.row:
+            self.level[kernel.loops[-1][0]] = 2
+            self.cooperative = set(row_reductions(kernel) or ())
+        else:
+            self.cooperative = (set(point_reductions(kernel))
+                                if config.group > 1 or config.vector > 1 or config.split > 1 else set())
         self.vectors: dict[Load, tuple[str, int]] = {}   # a load read as one lane of a vector
         self.shared: list[str] = []
         self.rows = staged_rows(kernel) if config.stage else {}
@@ -318,7 +346,7 @@ class _CudaBody(_Body):
             combines.append(combine)
         # a reduction before the points' loop (the norm's sum a merged GEMV reads at every point)
         # is shared by the whole block, computed once, not once per group of its points
-        wide = level == 0
+        wide = level == 0 or config.row
         extent, parts = index_code(s.extent), config.split
         group, lane = (config.block, "threadIdx.x") if wide else (config.group, "kiln_lane")
         begin = ""
@@ -465,21 +493,27 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
             raise ValueError("an across group divides the block and reads no vectors")
     elif config.group not in (1, 2, 4, 8, 16, 32) and (config.group % 32 or config.block % config.group):
         raise ValueError("a group is a power of two up to a warp, or whole warps dividing the block")
+    if config.row and (config.group != config.block or config.split > 1 or config.stage
+                       or not row_reductions(kernel)):
+        raise ValueError(f"config {config.key()} needs a kernel with reductions per row, one group a block")
     body = _CudaBody(kernel, config)
+    point_level = 2 if config.row else 1
+    guard = "" if config.row else "if (kiln_lane == 0 && kiln_slot < kiln_points) "
     for write in kernel.writes:
         value, _ = body.emit(write.value)
-        body.blocks[1].append(f"if (kiln_lane == 0 && kiln_slot < kiln_points) "
-                              f"{write.output.name}[{index_code(write.store)}] = "
-                              f"{store_code(value, write.output.dtype)};")
+        body.blocks[point_level].append(f"{guard}{write.output.name}[{index_code(write.store)}] = "
+                                        f"{store_code(value, write.output.dtype)};")
     params = [f"{STORAGE[b.dtype]}* __restrict__ {b.name}" for b in kernel.outputs]
     params += [f"const {STORAGE[b.dtype]}* __restrict__ {b.name}" for b in kernel.inputs]
     params.append("const int64_t* __restrict__ kiln_sym")
     if config.split > 1:   # split_scratch's memory, after the symbols
         params += ["unsigned char* __restrict__ kiln_scratch", "unsigned int* __restrict__ kiln_arrivals"]
-    group, per_block, parts = config.group, config.points_per_block, config.split
     lines = [f'extern "C" __global__ void __launch_bounds__({config.block}) {name}({", ".join(params)}) {{']
     lines += [f"  const int64_t {s} = kiln_sym[{i}];" for i, s in enumerate(kernel.symbols)]
     lines += ["  " + line for line in body.shared]
+    if config.row:
+        return "\n".join(lines + _by_rows(kernel, config, body)) + "\n"
+    group, per_block, parts = config.group, config.points_per_block, config.split
     if config.across:
         lines.append(f"  const int kiln_lane = threadIdx.x / {per_block}, kiln_offset = threadIdx.x % {per_block};")
     else:
@@ -496,16 +530,39 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
                  f"kiln_first += {stride} * {per_block}) {{")
     lines.append("    const int64_t kiln_slot = kiln_first + kiln_offset;")
     lines.append("    const int64_t kiln_point = kiln_slot < kiln_points ? kiln_slot : kiln_points - 1; (void)kiln_point;")
-    rest = "kiln_point"
-    for k, (var, extent) in reversed(list(enumerate(kernel.loops))):
-        e = index_code(extent)
-        if k == 0:
-            lines.append(f"    const int64_t {var} = {rest};")
-        else:
-            lines.append(f"    const int64_t {var} = {rest} % {e};")
-            lines.append(f"    const int64_t kiln_rest{k} = {rest} / {e};")
-            rest = f"kiln_rest{k}"
+    lines += ["    " + line for line in _decomposed("kiln_point", kernel.loops)]
     lines += ["    " + line for line in body.blocks[1]]
     lines.append("  }")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _by_rows(kernel: Kernel, config: CudaConfig, body: _CudaBody) -> list[str]:
+    """A row configuration's loops: each block takes rows in turn (all of its threads alike, for
+    the shuffles and barriers of the row's reductions), then its threads the row's points."""
+    *outer, (last, extent) = kernel.loops
+    rows = " * ".join(f"({index_code(e)})" for _, e in outer)
+    lines = ["  " + line for line in body.blocks[0]]
+    lines.append(f"  for (int64_t kiln_row = blockIdx.x; kiln_row < {rows}; kiln_row += gridDim.x) {{")
+    lines += ["    " + line for line in _decomposed("kiln_row", outer)]
+    lines += ["    " + line for line in body.blocks[1]]
+    lines.append(f"    for (int64_t {last} = threadIdx.x; {last} < {index_code(extent)}; {last} += {config.block}) {{")
+    lines += ["      " + line for line in body.blocks[2]]
+    lines.append("    }")
+    lines.append("  }")
+    lines.append("}")
+    return lines
+
+
+def _decomposed(flat: str, loops) -> list[str]:
+    """The loop variables of a flat index over `loops` (the last varying fastest)."""
+    lines, rest = [], flat
+    for k, (var, extent) in reversed(list(enumerate(loops))):
+        e = index_code(extent)
+        if k == 0:
+            lines.append(f"const int64_t {var} = {rest};")
+        else:
+            lines.append(f"const int64_t {var} = {rest} % {e};")
+            lines.append(f"const int64_t kiln_rest{k} = {rest} / {e};")
+            rest = f"kiln_rest{k}"
+    return lines

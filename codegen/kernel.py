@@ -156,6 +156,17 @@ def split_reductions(*values: Scalar) -> tuple[list[Reduce], list[Reduce]]:
     return list(once), list(repeated)
 
 
+def row_reductions(kernel: Kernel) -> list[Reduce] | None:
+    """The reductions a kernel computes once per row (reading no variable of its last loop, nor of
+    a reduction around them); None when it has others, or fewer than two loops. A backend may
+    run a kernel with some a block per row: the row's reductions once, shared, then its points."""
+    once, repeated = split_reductions(*(w.value for w in kernel.writes))
+    if repeated or len(kernel.loops) < 2:
+        return None
+    last, memo = kernel.loops[-1][0], {}
+    return None if any(last in free_vars(r, memo) for r in once) else once
+
+
 @dataclass(frozen=True)
 class BufferArg:
     name: str

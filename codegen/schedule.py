@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir.dtypes import DType
+from ..ir.dtypes import DType, accumulator
 from ..ir.graph import Graph, Node, toposort
+from ..ir.interpret import contracted_product
 from ..ir.ops import ELEMENTWISE, IOTA_INDEX, REDUCE, VIEWS, Op
 from ..ir.symbolic import Expr, prod, sym
 from .index import interval, linear, reshape_index, substitute
 from .kernel import (Apply, Bind, BufferArg, Const, InRange, IndexValue, Kernel, Load, Reduce,
-                     Scalar, Write, inner_vars, renamed, split_reductions)
+                     Scalar, Write, inner_vars, renamed, row_reductions, split_reductions)
 
 
 @dataclass(frozen=True)
@@ -29,22 +30,31 @@ class FusionPolicy:
     once per step of its own loop (the norm's sum of squares inside the GEMVs that read the
     normalized row, softmax's max and sum inside the P.V product, gate and up in the kernel of
     their product), and kernels of equal points that need nothing of each other launch as one (the
-    K and V cache writes): fewer kernels, for work repeated at every point of the reader."""
+    K and V cache writes): fewer kernels, for work repeated at every point of the reader. `rows`:
+    a reduction runs inside the kernels that read it wherever each reads it once per row (all its
+    output loops but the last), as does a per-row value it feeds (the norm's reciprocal): a
+    backend runs such a kernel a row at a time, the row's reductions once (softmax's any, max and
+    sum, then its probabilities; a norm's sum of squares, then its normalized row), and the
+    kernels of the products around it stay plain (library calls)."""
     inline_limit: int = 12
     broadcast_limit: int = 1
     epilogues: bool = False
     merges: bool = False
+    rows: bool = False
 
     def key(self) -> str:
         return (f"inline{self.inline_limit}-bcast{self.broadcast_limit}"
-                + ("-epilogue" if self.epilogues else "") + ("-merge" if self.merges else ""))
+                + ("-epilogue" if self.epilogues else "") + ("-merge" if self.merges else "")
+                + ("-rows" if self.rows else ""))
 
 
 # the fusion policies the search chooses among, by name (a tuner "variant")
 POLICIES = {p.key(): p for p in (FusionPolicy(12, 1), FusionPolicy(12, 1, epilogues=True),
                                   FusionPolicy(4, 0), FusionPolicy(32, 3, epilogues=True),
-                                  FusionPolicy(64, 16, epilogues=True),
+                                  FusionPolicy(64, 16, epilogues=True), FusionPolicy(12, 1, rows=True),
                                   FusionPolicy(64, 16, epilogues=True, merges=True))}
+
+_ROUNDED = (DType.BF16, DType.F16)
 
 # the most reductions one merged kernel holds (a GEMV with its norm, softmax's max, sum and
 # P.V with the fully-masked guard) and the most kernels one reduction merges into (Q, K and V)
@@ -155,6 +165,27 @@ class _Scheduler:
             roots -= self._epilogue_reductions(roots)
         if self.policy.merges:
             roots = self._merge_reductions(roots)
+        if self.policy.rows:
+            roots = self._merge_rows(roots)
+        return roots
+
+    def _merge_rows(self, roots: set[int]) -> set[int]:
+        """Drop from `roots` each reduction, and each per-row value (its last axis of length one),
+        that every kernel reading it computes once per row; again while one goes (the norm's sum
+        merges once the reciprocal reading it has)."""
+        outputs = {id(n) for n in self.graph.outputs}
+        changed = True
+        while changed:
+            changed = False
+            for node in self.order:
+                per_row = node.op in ELEMENTWISE and node.rank > 0 and node.shape[-1] == 1
+                if id(node) not in roots or id(node) in outputs or not (node.op in REDUCE or per_row):
+                    continue
+                readers = self._reader_kernels(node, roots)
+                trial = roots - {id(node)}
+                if 0 < len(readers) <= MERGED_READERS and all(
+                        _rows_well(self._trial_kernel(reader, trial)) for reader in readers):
+                    roots, changed = trial, True
         return roots
 
     def _merge_reductions(self, roots: set[int]) -> set[int]:
@@ -314,6 +345,11 @@ class _Scheduler:
             extent = node.inputs[0].shape[axis]
             self.bounds[var] = (0, max(0, _upper(extent, self.bounds) - 1))
             body = self._value(node.inputs[0], idx[:axis] + [sym(var)] + idx[axis:])
+            product = contracted_product(node)
+            if product is not None and isinstance(body, Apply) and body.op is Op.MUL and body.dtype in _ROUNDED:
+                # the interpreter contracts a product as a matrix product does: f16/bf16 products
+                # are summed unrounded
+                body = Apply(Op.MUL, body.args, accumulator(body.dtype))
             return Reduce(op, var, extent, body, node.dtype)
         if op is Op.GATHER:
             table, index = node.inputs
@@ -470,6 +506,11 @@ def _joined(a: Kernel, b: Kernel) -> Kernel:
     return Kernel(a.output, tuple(inputs.values()), a.loops, a.store, a.value,
                   tuple(sorted({*a.symbols, *b.symbols})), tuple(bounds), f"{a.label}+{b.label}",
                   also=(Write(b.output, store, value),))
+
+
+def _rows_well(kernel: Kernel) -> bool:
+    per_row = row_reductions(kernel)
+    return per_row is not None and len(per_row) <= MERGED_PER_KERNEL
 
 
 def _merged_well(kernel: Kernel) -> bool:

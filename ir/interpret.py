@@ -17,7 +17,7 @@ from .graph import Graph, Node
 from .ops import OPS, EvalCtx, Op
 
 
-def _product(node: Node) -> Node | None:
+def contracted_product(node: Node) -> Node | None:
     """The Mul a SumReduce contracts: its input, or the input of a Reshape that only splits one
     axis of it in two (which numpy does on the broadcast operands without a copy)."""
     if node.op is not Op.SUM_REDUCE:
@@ -35,7 +35,7 @@ def _splits_one_axis(before: tuple, after: tuple) -> bool:
 
 
 def _reads(node: Node) -> tuple[Node, ...]:
-    product = _product(node)
+    product = contracted_product(node)
     return product.inputs if product is not None else node.inputs
 
 
@@ -110,7 +110,7 @@ def evaluate(outputs: list[Node], feeds: Mapping[Node, np.ndarray],
         else:
             args = [values[id(r)] for r in _reads(node)]
             shape = tuple(d.evaluate(env) for d in node.shape)
-            if _product(node) is not None:
+            if contracted_product(node) is not None:
                 if node.inputs[0].op is Op.RESHAPE:   # a split axis: a view of each operand
                     split = tuple(d.evaluate(env) for d in node.inputs[0].shape)
                     args = [np.reshape(a, split) for a in args]

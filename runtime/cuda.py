@@ -191,7 +191,8 @@ class CudaBackend:
     def launcher(self, fn, kernel: Kernel, config: CudaConfig | LibraryConfig):
         if isinstance(fn, CublasGemm):
             return fn.launcher(kernel)
-        extents = [e for _, e in kernel.loops]
+        # a row configuration's block takes a row (every loop but the last), any other's its points
+        extents = [e for _, e in (kernel.loops[:-1] if config.row else kernel.loops)]
         fixed = all(e.is_const for e in extents)
         parts = config.split
 

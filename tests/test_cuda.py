@@ -15,7 +15,8 @@ import torch
 
 import kiln
 from kiln.codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda, point_reductions
-from kiln.codegen.library import LibraryConfig, is_library
+from kiln.codegen.kernel import row_reductions
+from kiln.codegen.library import LibraryConfig, as_gemm, is_library
 from kiln.codegen.schedule import POLICIES, schedule
 from kiln.frontend.hf import load_lowered, lower_causal_lm
 from kiln.ir import DType, run
@@ -95,6 +96,23 @@ def test_a_staged_configuration_computes_a_shared_row_once_per_block(tiny_kernel
     assert "__syncthreads();" in before and "kiln_stage0 + kiln_base" in loop and "kiln_row" not in loop
     plain = emit_cuda(kernel, space[0], "k")
     assert "kiln_stage" not in plain
+
+
+def test_a_row_configuration_computes_softmax_once_per_row(tiny_kernels):
+    """Under the rows policy, softmax's any, max and sum run inside the kernel of its
+    probabilities, which a block runs a row at a time: the row's reductions once, shared by the
+    block, then its points; the prefill's products are still plain (library calls)."""
+    _, lm = tiny_case("tiny1_bf16")
+    plain, rows = (schedule(lm.prefill, POLICIES[p]) for p in ("inline12-bcast1", "inline12-bcast1-rows"))
+    assert len(rows.kernels) < len(plain.kernels)
+    assert sum(map(bool, map(as_gemm, rows.kernels))) == sum(map(bool, map(as_gemm, plain.kernels)))
+    softmax = next(k for k in rows.kernels if k.label.startswith("Where") and row_reductions(k))
+    assert len(row_reductions(softmax)) == 3
+    space = config_space(softmax)
+    assert all(c.row for c in space)
+    source = emit_cuda(softmax, space[0], "k")
+    row_loop, points = source.split("kiln_row = blockIdx.x")[1].rsplit("\n    for (int64_t ", 1)
+    assert row_loop.count("__syncthreads();") == 6 and "__shfl_xor_sync" not in points
 
 
 def test_a_split_configuration_shares_a_long_reduction_among_blocks(tiny_kernels):
@@ -323,24 +341,30 @@ def test_a_padded_prefill_replays_one_recording_per_padded_length(products):
 
 
 @needs_gpu
-@pytest.mark.parametrize("policy", ["inline12-bcast1-epilogue", "inline64-bcast16-epilogue-merge"])
-def test_every_configuration_of_every_decode_kernel_equals_the_interpreter(policy):
+@pytest.mark.parametrize("step,policy", [("decode", "inline12-bcast1-epilogue"),
+                                         ("decode", "inline64-bcast16-epilogue-merge"),
+                                         ("decode", "inline12-bcast1-rows"), ("prefill", "inline12-bcast1-rows")])
+def test_every_configuration_of_every_kernel_equals_the_interpreter(step, policy):
     """Each template configuration (sub-warp, warp, block and across groups, vectors, unrolled
-    reductions, several shared by a group) of each kernel of a bf16 decode step with epilogues and
-    with merged reductions, each kernel's output checked
-    against the interpreter's value of the node it holds, on random caches (the tuner checks a
-    configuration against the default one; this checks the default too)."""
+    reductions, several shared by a group, a block per row) of each kernel of a bf16 decode step
+    or 20-token prefill under a policy, each kernel's output checked against the interpreter's
+    value of the node it holds, on random caches (the tuner checks a configuration against the
+    default one; this checks the default too)."""
     from kiln.ir import evaluate
     from kiln.ir.compare import mismatch, tolerance
+    from kiln.ir.last_position import prompt_args
     from kiln.runtime.cuda import CudaBackend
     from kiln.runtime.executor import Executor
     _, lm = tiny_case("tiny2_bf16")
-    graph, backend = lm.decode, CudaBackend()
+    graph, backend = getattr(lm, step), CudaBackend()
     program = schedule(graph, POLICIES[policy])
     rng = np.random.default_rng(3)
-    args = decode_args(graph, np.array([[7]]), 11, [
-        (rng.standard_normal(tuple(d.value for d in n.shape)) * 0.5).astype(n.dtype.np)
-        for n in graph.inputs[CACHES_START:]])
+    if step == "decode":
+        args = decode_args(graph, np.array([[7]]), 11, [
+            (rng.standard_normal(tuple(d.value for d in n.shape)) * 0.5).astype(n.dtype.np)
+            for n in graph.inputs[CACHES_START:]])
+    else:
+        args = prompt_args(graph, rng.integers(0, 64, (1, 20)))
     feeds = {**dict(zip(graph.inputs, args)), **{n: graph.weights[n.attrs["name"]] for n in graph.weight_nodes()}}
     names = [k.output.name for k in program.kernels]
     env = graph.bind_symbols([np.shape(a) for a in args], [np.asarray(a).dtype for a in args])
@@ -358,6 +382,9 @@ def test_every_configuration_of_every_decode_kernel_equals_the_interpreter(polic
                 assert not problem, f"{kernel.label} [{config.key()}], launch {launch + 1}: {problem}"
                 checked.add((kernel.label, config.key()))
     keys = {key for _, key in checked}
+    if policy.endswith("rows"):   # softmax (and the prefill norms) a block per row
+        assert any(k.endswith("-row") for k in keys)
+        return
     assert any("across" in k for k in keys) and any("group8-" in k for k in keys)
     assert any("split" in k for k in keys)
     if policy.endswith("merge"):   # groups of whole warps, several a block, staging their rows
