@@ -99,9 +99,10 @@ class CudaConfig:
     steps are shared among `split` blocks (split-K, flash-decoding's split of the context), each
     writing its partial value to scratch memory; the last of them to arrive combines the partials in
     order and finishes the point, so a few long reductions (P.V over a long context, a 512-row GEMV)
-    fill the GPU in one launch. `row`: a block per row (every output loop but the last): the
-    reductions the row's points share (kernel.row_reductions: softmax's max and sum, a norm's sum of
-    squares) are computed once by the whole block, then its threads take the row's points."""
+    fill the GPU in one launch. `row`: a group per row (every output loop but the last) instead
+    of per point: the reductions the row's points share (kernel.row_reductions: softmax's max and
+    sum, a norm's sum of squares) are computed once by the group, then its threads take the row's
+    points."""
     block: int = 256
     group: int = 1
     vector: int = 1
@@ -193,7 +194,10 @@ def config_space(kernel: Kernel) -> list[CudaConfig]:
     rows = []
     if per_row:
         width = max(vector_width(r) for r in per_row)
-        rows = [CudaConfig(block, block, width, row=True) for block in (256, 512, 128, 1024)]
+        # a warp per row first (its reductions combined by shuffles alone, several rows a block),
+        # then a row shared by a few warps or a whole block, for long rows
+        rows = [CudaConfig(block, group, width, row=True)
+                for block, group in ((256, 32), (128, 32), (256, 64), (256, 256), (512, 512), (256, 16))]
         last = kernel.loops[-1][1]
         if not last.is_const or last.value >= _ROW_POINTS:
             return rows
@@ -346,7 +350,7 @@ class _CudaBody(_Body):
             combines.append(combine)
         # a reduction before the points' loop (the norm's sum a merged GEMV reads at every point)
         # is shared by the whole block, computed once, not once per group of its points
-        wide = level == 0 or config.row
+        wide = level == 0
         extent, parts = index_code(s.extent), config.split
         group, lane = (config.block, "threadIdx.x") if wide else (config.group, "kiln_lane")
         begin = ""
@@ -493,12 +497,11 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
             raise ValueError("an across group divides the block and reads no vectors")
     elif config.group not in (1, 2, 4, 8, 16, 32) and (config.group % 32 or config.block % config.group):
         raise ValueError("a group is a power of two up to a warp, or whole warps dividing the block")
-    if config.row and (config.group != config.block or config.split > 1 or config.stage
-                       or not row_reductions(kernel)):
-        raise ValueError(f"config {config.key()} needs a kernel with reductions per row, one group a block")
+    if config.row and (config.split > 1 or config.stage or config.across or not row_reductions(kernel)):
+        raise ValueError(f"config {config.key()} needs a kernel with reductions per row")
     body = _CudaBody(kernel, config)
     point_level = 2 if config.row else 1
-    guard = "" if config.row else "if (kiln_lane == 0 && kiln_slot < kiln_points) "
+    guard = "if (kiln_slot < kiln_rows) " if config.row else "if (kiln_lane == 0 && kiln_slot < kiln_points) "
     for write in kernel.writes:
         value, _ = body.emit(write.value)
         body.blocks[point_level].append(f"{guard}{write.output.name}[{index_code(write.store)}] = "
@@ -511,13 +514,13 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
     lines = [f'extern "C" __global__ void __launch_bounds__({config.block}) {name}({", ".join(params)}) {{']
     lines += [f"  const int64_t {s} = kiln_sym[{i}];" for i, s in enumerate(kernel.symbols)]
     lines += ["  " + line for line in body.shared]
-    if config.row:
-        return "\n".join(lines + _by_rows(kernel, config, body)) + "\n"
     group, per_block, parts = config.group, config.points_per_block, config.split
     if config.across:
         lines.append(f"  const int kiln_lane = threadIdx.x / {per_block}, kiln_offset = threadIdx.x % {per_block};")
     else:
         lines.append(f"  const int kiln_lane = threadIdx.x % {group}, kiln_offset = threadIdx.x / {group};")
+    if config.row:
+        return "\n".join(lines + _by_rows(kernel, config, body)) + "\n"
     lines += ["  " + line for line in body.blocks[0]]
     total = " * ".join(f"({index_code(e)})" for _, e in kernel.loops) or "INT64_C(1)"
     lines.append(f"  const int64_t kiln_points = {total};")
@@ -538,15 +541,23 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
 
 
 def _by_rows(kernel: Kernel, config: CudaConfig, body: _CudaBody) -> list[str]:
-    """A row configuration's loops: each block takes rows in turn (all of its threads alike, for
-    the shuffles and barriers of the row's reductions), then its threads the row's points."""
+    """A row configuration's loops: each group of `group` threads takes a row (every loop but
+    the last), its reductions once, then the row's points. A block's groups take consecutive
+    rows, all of its threads alike (for the shuffles and barriers of the rows' reductions), so a
+    group past the last row computes the last row again and stores nothing."""
     *outer, (last, extent) = kernel.loops
     rows = " * ".join(f"({index_code(e)})" for _, e in outer)
+    per_block = config.points_per_block
     lines = ["  " + line for line in body.blocks[0]]
-    lines.append(f"  for (int64_t kiln_row = blockIdx.x; kiln_row < {rows}; kiln_row += gridDim.x) {{")
+    lines.append(f"  const int64_t kiln_rows = {rows};")
+    lines.append(f"  for (int64_t kiln_first = (int64_t)blockIdx.x * {per_block}; kiln_first < kiln_rows; "
+                 f"kiln_first += (int64_t)gridDim.x * {per_block}) {{")
+    lines.append("    const int64_t kiln_slot = kiln_first + kiln_offset;")
+    lines.append("    const int64_t kiln_row = kiln_slot < kiln_rows ? kiln_slot : kiln_rows - 1;")
     lines += ["    " + line for line in _decomposed("kiln_row", outer)]
     lines += ["    " + line for line in body.blocks[1]]
-    lines.append(f"    for (int64_t {last} = threadIdx.x; {last} < {index_code(extent)}; {last} += {config.block}) {{")
+    lines.append("    #pragma unroll 4")
+    lines.append(f"    for (int64_t {last} = kiln_lane; {last} < {index_code(extent)}; {last} += {config.group}) {{")
     lines += ["      " + line for line in body.blocks[2]]
     lines.append("    }")
     lines.append("  }")

@@ -35,7 +35,8 @@ class FusionPolicy:
     output loops but the last), as does a per-row value it feeds (the norm's reciprocal): a
     backend runs such a kernel a row at a time, the row's reductions once (softmax's any, max and
     sum, then its probabilities; a norm's sum of squares, then its normalized row), and the
-    kernels of the products around it stay plain (library calls)."""
+    kernels of the products around it stay plain (library calls); and a value read only through a
+    permutation is stored permuted."""
     inline_limit: int = 12
     broadcast_limit: int = 1
     epilogues: bool = False
@@ -166,7 +167,19 @@ class _Scheduler:
         if self.policy.merges:
             roots = self._merge_reductions(roots)
         if self.policy.rows:
-            roots = self._merge_rows(roots)
+            roots = self._permuted_stores(self._merge_rows(roots))
+        return roots
+
+    def _permuted_stores(self, roots: set[int]) -> set[int]:
+        """An elementwise value read only through one permutation is stored permuted: attention's
+        output, [head, position, d], stored as [position, head, d], so that the output projection
+        reads whole rows (one library call, no copy first)."""
+        outputs = {id(n) for n in self.graph.outputs}
+        for node in self.order:
+            users = self.users.get(id(node), [])
+            if (id(node) in roots and id(node) not in outputs and node.op in ELEMENTWISE
+                    and len(users) == 1 and users[0].op is Op.PERMUTE):
+                roots = (roots - {id(node)}) | {id(users[0])}
         return roots
 
     def _merge_rows(self, roots: set[int]) -> set[int]:

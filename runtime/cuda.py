@@ -191,7 +191,7 @@ class CudaBackend:
     def launcher(self, fn, kernel: Kernel, config: CudaConfig | LibraryConfig):
         if isinstance(fn, CublasGemm):
             return fn.launcher(kernel)
-        # a row configuration's block takes a row (every loop but the last), any other's its points
+        # a row configuration's groups take rows (every loop but the last), any other's points
         extents = [e for _, e in (kernel.loops[:-1] if config.row else kernel.loops)]
         fixed = all(e.is_const for e in extents)
         parts = config.split

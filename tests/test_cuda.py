@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import kiln
-from kiln.codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda, point_reductions
+from kiln.codegen.cuda_emit import PRELUDE, CudaConfig, _halvings, config_space, emit_cuda, point_reductions
 from kiln.codegen.kernel import row_reductions
 from kiln.codegen.library import LibraryConfig, as_gemm, is_library
 from kiln.codegen.schedule import POLICIES, schedule
@@ -100,8 +100,8 @@ def test_a_staged_configuration_computes_a_shared_row_once_per_block(tiny_kernel
 
 def test_a_row_configuration_computes_softmax_once_per_row(tiny_kernels):
     """Under the rows policy, softmax's any, max and sum run inside the kernel of its
-    probabilities, which a block runs a row at a time: the row's reductions once, shared by the
-    block, then its points; the prefill's products are still plain (library calls)."""
+    probabilities, which a group of threads runs a row at a time: the row's reductions once,
+    shared by the group, then its points; the prefill's products are still plain (library calls)."""
     _, lm = tiny_case("tiny1_bf16")
     plain, rows = (schedule(lm.prefill, POLICIES[p]) for p in ("inline12-bcast1", "inline12-bcast1-rows"))
     assert len(rows.kernels) < len(plain.kernels)
@@ -110,9 +110,11 @@ def test_a_row_configuration_computes_softmax_once_per_row(tiny_kernels):
     assert len(row_reductions(softmax)) == 3
     space = config_space(softmax)
     assert all(c.row for c in space)
-    source = emit_cuda(softmax, space[0], "k")
-    row_loop, points = source.split("kiln_row = blockIdx.x")[1].rsplit("\n    for (int64_t ", 1)
-    assert row_loop.count("__syncthreads();") == 6 and "__shfl_xor_sync" not in points
+    for config in space:     # a warp per row combines by shuffles alone; wider groups also by barriers
+        row, points = emit_cuda(softmax, config, "k").split("const int64_t kiln_row =")[1].rsplit("\n    for (int64_t ", 1)
+        assert row.count("__shfl_xor_sync") == 3 * len(_halvings(min(config.group, 32)))
+        assert row.count("__syncthreads();") == (0 if config.group <= 32 else 6)
+        assert "__shfl_xor_sync" not in points and "__syncthreads" not in points
 
 
 def test_a_split_configuration_shares_a_long_reduction_among_blocks(tiny_kernels):
