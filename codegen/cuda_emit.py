@@ -89,7 +89,8 @@ class CudaConfig:
     """`block` threads per block; `group` threads per output point, which split its reduction (a
     power of two up to a warp, combined by shuffles, or whole warps dividing the block, their
     warps' values combined through shared memory); `vector` elements each thread reads per step of
-    its reduction. `across`: a group's threads lie `block / group` apart,
+    its reduction (in a kernel without reductions, the points each thread takes: a run along the
+    last loop). `across`: a group's threads lie `block / group` apart,
     so that neighbouring threads take neighbouring points and read a row that runs along the
     points, not along the reduction, in one coalesced access (attention's P.V reads the V cache
     down its columns); they combine through shared memory. `stage`: what a shared reduction's steps
@@ -204,10 +205,26 @@ def config_space(kernel: Kernel) -> list[CudaConfig]:
     return rows + _point_space(kernel)
 
 
+def _runs_of(kernel: Kernel, width: int) -> bool:
+    """Whether a kernel's points split into runs of `width` along its (constant) last loop."""
+    return bool(kernel.loops) and kernel.loops[-1][1].is_const and kernel.loops[-1][1].value % width == 0
+
+
+def points_per_thread(kernel: Kernel, config: CudaConfig) -> int:
+    """A kernel without reductions reads `vector` as the points each thread takes: a run along
+    the last loop."""
+    return config.vector if config.vector > 1 and not point_reductions(kernel) else 1
+
+
 def _point_space(kernel: Kernel) -> list[CudaConfig]:
     shared = point_reductions(kernel)
     if not shared:
-        return [CudaConfig(256, 1, 1), CudaConfig(128, 1, 1), CudaConfig(512, 1, 1)]
+        plain = [CudaConfig(256, 1, 1), CudaConfig(128, 1, 1), CudaConfig(512, 1, 1)]
+        several = [CudaConfig(256, 1, width) for width in (4, 8) if _runs_of(kernel, width)]
+        # a prompt's many points: several a thread first (one index decomposition for them all,
+        # their loads in flight together)
+        sized = any(not e.is_const for _, e in kernel.loops)
+        return several + plain if sized else plain + several
     reduce = shared[0]
     width = vector_width(reduce)
     space = [CudaConfig(256, 32, width), CudaConfig(128, 128, width), CudaConfig(256, 256, width),
@@ -488,8 +505,9 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
     A block takes `block / group` consecutive points per step of a loop every thread of the block
     runs alike (warp shuffles and block barriers need all of them), so threads past the last
     point compute the last point again and store nothing."""
-    if (config.group > 1 or config.vector > 1) and not point_reductions(kernel):
-        raise ValueError(f"config {config.key()} needs a kernel with a reduction per point")
+    if (config.group > 1 or config.vector > 1 and not _runs_of(kernel, config.vector)) and not point_reductions(kernel):
+        raise ValueError(f"config {config.key()} needs a kernel with a reduction per point, or points "
+                         f"in runs of {config.vector} along its last loop")
     if config.split > 1 and not splittable(kernel):
         raise ValueError(f"config {config.key()} needs fixed points whose reductions share one loop")
     if config.across:
@@ -522,7 +540,12 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
     if config.row:
         return "\n".join(lines + _by_rows(kernel, config, body)) + "\n"
     lines += ["  " + line for line in body.blocks[0]]
-    total = " * ".join(f"({index_code(e)})" for _, e in kernel.loops) or "INT64_C(1)"
+    run = points_per_thread(kernel, config)
+    loops = list(kernel.loops)
+    if run > 1:   # a thread per run of `run` points along the last loop
+        (last, extent) = loops[-1]
+        loops[-1] = (f"{last}_run", Expr.of(extent.value // run))
+    total = " * ".join(f"({index_code(e)})" for _, e in loops) or "INT64_C(1)"
     lines.append(f"  const int64_t kiln_points = {total};")
     if parts > 1:   # blocks come in runs of `parts`: one run per block's worth of points
         lines.append("  __shared__ bool kiln_last;")
@@ -533,8 +556,15 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
                  f"kiln_first += {stride} * {per_block}) {{")
     lines.append("    const int64_t kiln_slot = kiln_first + kiln_offset;")
     lines.append("    const int64_t kiln_point = kiln_slot < kiln_points ? kiln_slot : kiln_points - 1; (void)kiln_point;")
-    lines += ["    " + line for line in _decomposed("kiln_point", kernel.loops)]
-    lines += ["    " + line for line in body.blocks[1]]
+    lines += ["    " + line for line in _decomposed("kiln_point", loops)]
+    if run > 1:
+        lines.append("    #pragma unroll")
+        lines.append(f"    for (int kiln_v = 0; kiln_v < {run}; kiln_v++) {{")
+        lines.append(f"      const int64_t {last} = {last}_run * {run} + kiln_v;")
+        lines += ["      " + line for line in body.blocks[1]]
+        lines.append("    }")
+    else:
+        lines += ["    " + line for line in body.blocks[1]]
     lines.append("  }")
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda, split_scratch
+from ..codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda, points_per_thread, split_scratch
 from ..codegen.kernel import Kernel, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
 from ..ir.dtypes import DType
@@ -194,7 +194,7 @@ class CudaBackend:
         # a row configuration's groups take rows (every loop but the last), any other's points
         extents = [e for _, e in (kernel.loops[:-1] if config.row else kernel.loops)]
         fixed = all(e.is_const for e in extents)
-        parts = config.split
+        parts, per_thread = config.split, points_per_thread(kernel, config)
 
         # a staged configuration's blocks each fill their rows first: no more of them than the
         # GPU holds at once, each taking its share of the points, so the rows are computed once
@@ -205,7 +205,7 @@ class CudaBackend:
             points = 1
             for e in extents:
                 points *= e.value if fixed else e.evaluate(env)
-            runs = min(most, -(-points * config.group // config.block))
+            runs = min(most, -(-points * config.group // (config.block * per_thread)))
             return max(1, runs) * parts
         grid = (blocks({}),) if fixed else None
         block = (config.block,)
