@@ -556,7 +556,7 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
                  f"kiln_first += {stride} * {per_block}) {{")
     lines.append("    const int64_t kiln_slot = kiln_first + kiln_offset;")
     lines.append("    const int64_t kiln_point = kiln_slot < kiln_points ? kiln_slot : kiln_points - 1; (void)kiln_point;")
-    lines += ["    " + line for line in _decomposed("kiln_point", loops)]
+    lines += ["    " + line for line in _decomposed("kiln_point", loops, kernel.bounds)]
     if run > 1:
         lines.append("    #pragma unroll")
         lines.append(f"    for (int kiln_v = 0; kiln_v < {run}; kiln_v++) {{")
@@ -584,7 +584,7 @@ def _by_rows(kernel: Kernel, config: CudaConfig, body: _CudaBody) -> list[str]:
                  f"kiln_first += (int64_t)gridDim.x * {per_block}) {{")
     lines.append("    const int64_t kiln_slot = kiln_first + kiln_offset;")
     lines.append("    const int64_t kiln_row = kiln_slot < kiln_rows ? kiln_slot : kiln_rows - 1;")
-    lines += ["    " + line for line in _decomposed("kiln_row", outer)]
+    lines += ["    " + line for line in _decomposed("kiln_row", outer, kernel.bounds)]
     lines += ["    " + line for line in body.blocks[1]]
     lines.append("    #pragma unroll 4")
     lines.append(f"    for (int64_t {last} = kiln_lane; {last} < {index_code(extent)}; {last} += {config.group}) {{")
@@ -595,15 +595,24 @@ def _by_rows(kernel: Kernel, config: CudaConfig, body: _CudaBody) -> list[str]:
     return lines
 
 
-def _decomposed(flat: str, loops) -> list[str]:
-    """The loop variables of a flat index over `loops` (the last varying fastest)."""
-    lines, rest = [], flat
+def _decomposed(flat: str, loops, bounds) -> list[str]:
+    """The loop variables of a flat index over `loops` (the last varying fastest). In 32-bit
+    arithmetic where the index stays below 2^31 at the symbols' upper bounds (`bounds`, the
+    kernel's): a 64-bit division by a prompt's length costs several times a 32-bit one."""
+    if len(loops) == 1:
+        return [f"const int64_t {loops[0][0]} = {flat};"]
+    largest = 1
+    upper = {s: hi for s, _, hi in bounds}
+    for _, extent in loops:
+        largest *= extent.evaluate(upper) if extent.symbols() <= upper.keys() else 2 ** 31
+    kind = "int" if largest < 2 ** 31 else "int64_t"
+    lines, rest = [f"const {kind} kiln_flat = ({kind}){flat};"], "kiln_flat"
     for k, (var, extent) in reversed(list(enumerate(loops))):
-        e = index_code(extent)
+        e = f"({kind}){index_code(extent)}"
         if k == 0:
             lines.append(f"const int64_t {var} = {rest};")
         else:
             lines.append(f"const int64_t {var} = {rest} % {e};")
-            lines.append(f"const int64_t kiln_rest{k} = {rest} / {e};")
+            lines.append(f"const {kind} kiln_rest{k} = {rest} / {e};")
             rest = f"kiln_rest{k}"
     return lines

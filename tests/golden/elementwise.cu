@@ -4,8 +4,9 @@ extern "C" __global__ void __launch_bounds__(256) elementwise(float* __restrict_
   for (int64_t kiln_first = (int64_t)blockIdx.x * 256; kiln_first < kiln_points; kiln_first += (int64_t)gridDim.x * 256) {
     const int64_t kiln_slot = kiln_first + kiln_offset;
     const int64_t kiln_point = kiln_slot < kiln_points ? kiln_slot : kiln_points - 1; (void)kiln_point;
-    const int64_t i2 = kiln_point % (INT64_C(16));
-    const int64_t kiln_rest1 = kiln_point / (INT64_C(16));
+    const int kiln_flat = (int)kiln_point;
+    const int64_t i2 = kiln_flat % (int)(INT64_C(16));
+    const int kiln_rest1 = kiln_flat / (int)(INT64_C(16));
     const int64_t i1 = kiln_rest1;
     const float t1 = b21[(INT64_C(16)*i1 + i2)];
     const float t2 = kiln_bf16_round(((float)(t1)));
