@@ -106,16 +106,19 @@ def bench() -> None:
     """Benchmarks: figures printed side by side with their anchors, from one run."""
 
 
+_BENCH_MODELS = ("smollm2", "llama-3.2-1b")
+
+
 @bench.command("frontend")
-@click.option("--model", "models", multiple=True, default=("smollm2", "llama-3.2-1b"), show_default=True,
-              help="MODEL to measure (repeat for several).")
+@click.argument("models", nargs=-1, metavar="[MODEL]...")
 @click.option("--tokens", default=8, show_default=True, help="Decode steps timed per model.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here.")
 @_clean_errors
 def bench_frontend(models: tuple[str, ...], tokens: int, json_path: str | None) -> None:
-    """Export and lowering time, IR node counts, and interpreter time per token."""
+    """Export and lowering time, IR node counts, and interpreter time per token, for each MODEL
+    (default: smollm2 and llama-3.2-1b)."""
     from .frontend.bench import run_frontend_bench
-    run_frontend_bench(list(models), tokens, json_path)
+    run_frontend_bench(list(models or _BENCH_MODELS), tokens, json_path)
 
 
 @bench.command("coverage")
@@ -145,47 +148,49 @@ def bench_coverage(archs: tuple[str, ...], json_path: str | None) -> None:
 
 
 @bench.command("search")
-@click.option("--model", "models", multiple=True, default=("smollm2", "llama-3.2-1b"), show_default=True,
-              help="MODEL to measure (repeat for several).")
+@click.argument("models", nargs=-1, metavar="[MODEL]...")
 @click.option("--graph", "which", type=click.Choice(["prefill", "decode"]), default="prefill",
               show_default=True, help="Which of the model's graphs to search.")
 @click.option("--candidates", default=1000, show_default=True, type=click.IntRange(1, None),
               help="Distinct candidates to draw per distinct region.")
-@click.option("--seconds", default=10.0, show_default=True,
-              help="Extraction time budget per distinct region.")
+@click.option("--budget", default="10s", show_default=True,
+              help="Extraction time per distinct region: 10s, 2m, ...")
 @click.option("--check", default=20, show_default=True, type=click.IntRange(0, None),
               help="Candidates per region checked against the reference interpreter.")
 @click.option("--no-whole", is_flag=True, help="Skip saturating the whole graph without dedupe.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here.")
 @_clean_errors
-def bench_search(models: tuple[str, ...], which: str, candidates: int, seconds: float, check: int,
+def bench_search(models: tuple[str, ...], which: str, candidates: int, budget: str, check: int,
                  no_whole: bool, json_path: str | None) -> None:
-    """Saturation, layer dedupe and candidate extraction: sizes, times, distinct valid candidates."""
+    """Saturation, layer dedupe and candidate extraction for each MODEL (default: smollm2 and
+    llama-3.2-1b): sizes, times, distinct valid candidates."""
     from .search.bench import run_search_bench
-    run_search_bench(list(models), which, candidates, seconds, check, json_path, whole=not no_whole)
+    from .search.budget import parse_budget
+    run_search_bench(list(models or _BENCH_MODELS), which, candidates, parse_budget(budget), check, json_path,
+                     whole=not no_whole)
 
 
 @bench.command("compiled")
 @click.argument("artifact", type=click.Path())
-@click.option("--model", "spec", default="smollm2", show_default=True,
-              help="The MODEL the artifact was compiled from (eager runs it beside Kiln).")
+@click.argument("spec", metavar="[MODEL]", default="smollm2")
 @click.option("--tokens", default=64, show_default=True, type=click.IntRange(3, None),
               help="Decode steps timed.")
-@click.option("--prompt", "prompt_len", default=64, show_default=True, type=click.IntRange(2, None),
+@click.option("--prompt-len", "prompt_len", default=64, show_default=True, type=click.IntRange(2, None),
               help="Prompt tokens for the prefill timing.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here.")
 @_clean_errors
 def bench_compiled(artifact: str, spec: str, tokens: int, prompt_len: int, json_path: str | None) -> None:
-    """Decode and prefill tokens/s of a compiled ARTIFACT beside PyTorch eager, in one run."""
+    """Decode and prefill tokens/s of a compiled ARTIFACT beside PyTorch eager running MODEL, the
+    model it was compiled from (default: smollm2), in one run."""
     from .runtime.bench import run_compiled_bench
     run_compiled_bench(artifact, spec, tokens, prompt_len, json_path)
 
 
-@bench.command("chart")
+@main.command("chart")
 @click.argument("json_path", metavar="JSON", type=click.Path(exists=True, dir_okay=False))
 @_clean_errors
-def bench_chart(json_path: str) -> None:
-    """Draw the PNG chart (beside JSON) of a `kiln bench gpu --json` result."""
+def chart(json_path: str) -> None:
+    """Draw the PNG chart of a `kiln bench gpu --json` result, beside it (bench.json: bench.png)."""
     from .runtime.bench_gpu import write_chart
     click.echo(write_chart(json_path))
 
@@ -294,11 +299,11 @@ def rules_check(topics: tuple[str, ...], files: tuple[str, ...], programs: int, 
 
 
 @rules.command("list")
-@click.option("--model", metavar="MODEL",
-              help="Also saturate MODEL's lowered prefill graph and show how often each rule matched.")
+@click.argument("model", required=False)
 @_clean_errors
 def rules_list(model: str | None) -> None:
-    """List the library's rules; with --model, how often each matched on a model.
+    """List the library's rules; with MODEL, how often each matched when its lowered prefill
+    graph was saturated.
 
     Each rule with its stage and why; disabled rules with their reason.
     """

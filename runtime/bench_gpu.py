@@ -400,7 +400,7 @@ def _chart(r: dict, path: str) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return ("no chart: matplotlib is not installed here; draw it with `kiln bench chart "
+        return ("no chart: matplotlib is not installed here; draw it with `kiln chart "
                 f"{path.removesuffix('.png')}.json` where it is (pip install 'tensorkiln[bench]')")
     systems = [(s, name) for s, name in SYSTEMS if f"{s}_decode_tokens_per_s" in r]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))

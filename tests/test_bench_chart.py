@@ -1,4 +1,4 @@
-"""`kiln bench chart`: the PNG of a GPU bench result, drawn where matplotlib is installed."""
+"""`kiln chart`: the PNG of a GPU bench result, drawn where matplotlib is installed."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ def test_chart_of_a_bench_result_is_a_png(tmp_path):
               "kiln_decode_tokens_per_s": 300.0, "kiln_prefill_tokens_per_s": 4000.0}
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(result))
-    out = CliRunner().invoke(main, ["bench", "chart", str(path)])
+    out = CliRunner().invoke(main, ["chart", str(path)])
     assert out.exit_code == 0, out.output
     png = (tmp_path / "bench.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
@@ -25,7 +25,7 @@ def test_chart_of_a_bench_result_is_a_png(tmp_path):
 def test_chart_of_something_else_says_what_it_needs(tmp_path):
     path = tmp_path / "other.json"
     path.write_text(json.dumps({"model": "x"}))
-    out = CliRunner().invoke(main, ["bench", "chart", str(path)])
+    out = CliRunner().invoke(main, ["chart", str(path)])
     assert out.exit_code != 0
     assert "is not a bench JSON written by `kiln bench gpu`" in out.output
 
@@ -42,7 +42,7 @@ def test_chart_of_a_bench_cut_short_draws_what_it_measured(tmp_path, monkeypatch
               "kiln_decode_tokens_per_s": 778.0, "kiln_prefill_tokens_per_s": 6352.0}
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(result))
-    out = CliRunner().invoke(main, ["bench", "chart", str(path)])
+    out = CliRunner().invoke(main, ["chart", str(path)])
     assert out.exit_code == 0, out.output
     import matplotlib.figure
     texts, savefig = [], matplotlib.figure.Figure.savefig

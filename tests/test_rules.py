@@ -216,7 +216,7 @@ def test_cli_rules_list():
 
 
 def test_cli_rules_list_on_a_model_shows_what_fired():
-    result = CliRunner().invoke(main, ["rules", "list", "--model", TINY_LLAMA])
+    result = CliRunner().invoke(main, ["rules", "list", TINY_LLAMA])
     assert result.exit_code == 0, result.output
     assert "saturated with the library" in result.output
     names = {r.full_name for rs in library().values() for r in rs.rules}
