@@ -342,10 +342,10 @@ def test_a_padded_prefill_replays_one_recording_per_padded_length(products):
     assert prefill.replayed and len(prefill._recordings) == 1
 
 
-@needs_gpu
 @pytest.mark.parametrize("step,policy", [("decode", "inline12-bcast1-epilogue"),
                                          ("decode", "inline64-bcast16-epilogue-merge"),
                                          ("decode", "inline12-bcast1-rows"), ("prefill", "inline12-bcast1-rows")])
+@needs_gpu
 def test_every_configuration_of_every_kernel_equals_the_interpreter(step, policy):
     """Each template configuration (sub-warp, warp, block and across groups, vectors, unrolled
     reductions, several shared by a group, a block per row) of each kernel of a bf16 decode step
