@@ -13,7 +13,7 @@ from ..ir.dtypes import DType, accumulator
 from ..ir.ops import Op
 from ..ir.symbolic import Expr, sym
 from .c_emit import COMPUTE, LOWEST, SHARED_HELPERS, STORAGE, _Body, _inside, index_code, store_code
-from .index import substitute
+from .index import stride, substitute
 from .kernel import (Kernel, Load, Reduce, Scalar, free_vars, renamed, row_reductions, split_reductions,
                      staged_rows)
 
@@ -176,7 +176,7 @@ def split_scratch(kernel: Kernel, config: CudaConfig) -> tuple[int, int]:
 def vector_width(reduce: Reduce) -> int:
     """The widest vector (8 or 4 elements) that every contiguous load of the reduction can read
     in one aligned access; 1 when none can."""
-    loads = [l for l in _loads(reduce.body) if _stride(l.index, reduce.var) == 1]
+    loads = [l for l in _loads(reduce.body) if stride(l.index, reduce.var) == 1]
     if not loads or not reduce.extent.is_const or any((l.dtype, 4) not in _VECTOR for l in loads):
         return 1
     for width in (8, 4):
@@ -242,7 +242,7 @@ def _point_space(kernel: Kernel) -> list[CudaConfig]:
         space += [CudaConfig(256, group, width) for group in (4, 8, 16) if steps <= 4 * group]
         # a thread per point reading 16 bytes at a time: rows too short to share
         space += [CudaConfig(128, 1, width)]
-    if any(_stride(l.index, reduce.var) not in (0, 1) for l in _loads(reduce.body)):
+    if any(stride(l.index, reduce.var) not in (0, 1) for l in _loads(reduce.body)):
         # a load runs across the reduction (the V cache under P.V): threads along the points
         space += [CudaConfig(block, block // 64, 1, across=True) for block in (256, 512, 1024)]
     space += [CudaConfig(256, 1, 1), CudaConfig(256, 32, 1), CudaConfig(256, 256, 1)]
@@ -281,17 +281,6 @@ def _loads(s: Scalar, skip: set[Scalar] = frozenset()) -> list[Load]:
             out.append(x)
         stack.extend(x.children())
     return out
-
-
-def _stride(index: Expr, var: str) -> int | None:
-    """The coefficient of var in index when it appears only linearly; None otherwise."""
-    coeff = 0
-    for mono, c in index.terms:
-        if mono == (var,):
-            coeff += c
-        elif any(a == var if isinstance(a, str) else var in a.symbols() for a in mono):
-            return None
-    return coeff
 
 
 def _aligned(index: Expr, var: str, width: int) -> bool:
@@ -344,7 +333,7 @@ class _CudaBody(_Body):
         staged = self.stage(members, s.var, inner_level, width, outer)
         if width > 1:   # 16-byte loads of the contiguous rows, once per step
             for load in dict.fromkeys(l for r in members for l in _loads(r.body, staged)):
-                if _stride(load.index, s.var) != 1 or load in self.vectors:
+                if stride(load.index, s.var) != 1 or load in self.vectors:
                     continue
                 self.count += 1
                 name = f"kv{self.count}"

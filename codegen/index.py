@@ -134,3 +134,15 @@ def reshape_index(index: Sequence[Expr], out_shape: Sequence[Expr], in_shape: Se
             result[axis] = value
             stride = stride * in_shape[axis]
     return result
+
+
+def stride(index: Expr, var: str) -> int | None:
+    """The coefficient of var in index when it appears only linearly (0 when not at all); None
+    otherwise (in a product of variables or inside a division)."""
+    coeff = 0
+    for mono, c in index.terms:
+        if mono == (var,):
+            coeff += c
+        elif any(a == var if isinstance(a, str) else var in a.symbols() for a in mono):
+            return None
+    return coeff

@@ -13,6 +13,7 @@ from ..ir.graph import Graph, Node, toposort
 from ..ir.interpret import contracted_product
 from ..ir.ops import ELEMENTWISE, IOTA_INDEX, REDUCE, VIEWS, Op
 from ..ir.symbolic import Expr, prod, sym
+from .attention import as_attention
 from .index import interval, linear, reshape_index, substitute
 from .kernel import (Apply, Bind, BufferArg, Const, InRange, IndexValue, Kernel, Load, Reduce,
                      Scalar, Write, inner_vars, renamed, row_reductions, split_reductions)
@@ -36,23 +37,28 @@ class FusionPolicy:
     backend runs such a kernel a row at a time, the row's reductions once (softmax's any, max and
     sum, then its probabilities; a norm's sum of squares, then its normalized row), and the
     kernels of the products around it stay plain (library calls); and a value read only through a
-    permutation is stored permuted."""
+    permutation is stored permuted. `attention`: a product whose operand is a row kernel (softmax)
+    takes in that kernel and every wide (f32) kernel behind it up to 16-bit values (the scores,
+    the scaled query and keys), where the result is fused attention (codegen/attention.py): one
+    pass over the keys, no scores stored."""
     inline_limit: int = 12
     broadcast_limit: int = 1
     epilogues: bool = False
     merges: bool = False
     rows: bool = False
+    attention: bool = False
 
     def key(self) -> str:
         return (f"inline{self.inline_limit}-bcast{self.broadcast_limit}"
                 + ("-epilogue" if self.epilogues else "") + ("-merge" if self.merges else "")
-                + ("-rows" if self.rows else ""))
+                + ("-rows" if self.rows else "") + ("-attention" if self.attention else ""))
 
 
 # the fusion policies the search chooses among, by name (a tuner "variant")
 POLICIES = {p.key(): p for p in (FusionPolicy(12, 1), FusionPolicy(12, 1, epilogues=True),
                                   FusionPolicy(4, 0), FusionPolicy(32, 3, epilogues=True),
                                   FusionPolicy(64, 16, epilogues=True), FusionPolicy(12, 1, rows=True),
+                                  FusionPolicy(12, 1, rows=True, attention=True),
                                   FusionPolicy(64, 16, epilogues=True, merges=True))}
 
 _ROUNDED = (DType.BF16, DType.F16)
@@ -168,7 +174,55 @@ class _Scheduler:
             roots = self._merge_reductions(roots)
         if self.policy.rows:
             roots = self._permuted_stores(self._merge_rows(roots))
+        if self.policy.attention:
+            roots = self._merge_attention(roots)
         return roots
+
+    def _merge_attention(self, roots: set[int]) -> set[int]:
+        """Each product fused attention can take whole: the wide kernels behind it (up to 16-bit
+        values, which get kernels of their own if they had none) go into it, where nothing else
+        reads them and `as_attention` recognizes the result."""
+        outputs = {id(n) for n in self.graph.outputs}
+        for node in self.order:
+            if id(node) not in roots or node.op is not Op.SUM_REDUCE:
+                continue
+            wide, narrow = self._wide_behind(node, roots)
+            if not wide or wide & outputs:
+                continue
+            trial = (roots - wide) | narrow
+            if any(self._reader_kernels(w, trial) != [node] for w in self.order if id(w) in wide):
+                continue
+            if as_attention(self._trial_kernel(node, trial)) is None:
+                continue
+            roots = trial
+            # and its epilogue (attention's cast, permuted), where one elementwise kernel reads it
+            readers = self._reader_kernels(node, roots - {id(node)})
+            if (id(node) not in outputs and len(readers) == 1 and readers[0].op not in REDUCE
+                    and as_attention(self._trial_kernel(readers[0], roots - {id(node)})) is not None):
+                roots = roots - {id(node)}
+        return roots
+
+    def _wide_behind(self, root: Node, roots: set[int]) -> tuple[set[int], set[int]]:
+        """The kernels (roots) `root` reads, directly or through others, that hold no 16-bit value,
+        stopping at 16-bit values: those (the first node past views) are the second set."""
+        wide, narrow, seen, stack = set(), set(), set(), list(root.inputs)
+        while stack:
+            node = stack.pop()
+            if id(node) in seen or node.op in (Op.INPUT, Op.CONSTANT, Op.IOTA):
+                continue
+            seen.add(id(node))
+            if node.dtype in _ROUNDED:
+                while node.op in VIEWS:
+                    node = node.inputs[0]
+                if node.op not in (Op.INPUT, Op.CONSTANT):
+                    narrow.add(id(node))
+                continue
+            if id(node) in roots:
+                if node.op is Op.SLICE_UPDATE:
+                    return set(), set()
+                wide.add(id(node))
+            stack.extend(node.inputs)
+        return wide, narrow
 
     def _permuted_stores(self, roots: set[int]) -> set[int]:
         """An elementwise value read only through one permutation is stored permuted: attention's

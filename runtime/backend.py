@@ -28,7 +28,8 @@ class Backend(Protocol):
         """The configurations the tuner may try for `kernel`, the default first."""
 
     @staticmethod
-    def default_config(): ...
+    def default_config(kernel=None):
+        """The configuration `kernel` is first checked with (any kernel's, without one)."""
 
     @staticmethod
     def config_from_json(data: dict): ...

@@ -107,7 +107,7 @@ class CompiledGraph:
             if region.key not in choices:
                 program = schedule(region_graph(graph, region, region.outputs), POLICIES[variant])
                 choices[region.key] = Choice(region.outputs, variant,
-                                             [backend.default_config()] * len(program.kernels))
+                                             [backend.default_config(k) for k in program.kernels])
         return cls(graph, choices, backend)
 
     @property

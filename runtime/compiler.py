@@ -131,11 +131,11 @@ def _search_region(graph, key, group, feeds, env, backend, db, fingerprint, comp
         return measurer.end_to_end(outputs, variant)
     # every policy is tried while the budget lasts, in an order that puts the likely winners
     # first: in decode (GEMVs, bound by launches and bytes) the fused ones, fewest kernels first;
-    # in prefill (GEMMs a library call takes whole, rows a prompt's length) the plain ones, those
-    # running softmax and the norms a row at a time first
+    # in prefill (GEMMs a library call takes whole, rows a prompt's length) the plain ones, fused
+    # attention first, then those running softmax and the norms a row at a time
     gemv = not region.fixed
-    variants = sorted(POLICIES, key=lambda v: (POLICIES[v].merges != gemv, POLICIES[v].rows == gemv,
-                                               POLICIES[v].epilogues != gemv))
+    variants = sorted(POLICIES, key=lambda v: (POLICIES[v].attention == gemv, POLICIES[v].merges != gemv,
+                                               POLICIES[v].rows == gemv, POLICIES[v].epilogues != gemv))
     tuner = RegionTuner(key, label, rep.outputs, saturated, variants,
                         isolated or measurer.evaluate, end_to_end, db, compile_id, seed,
                         lambda p, d=deadline: on_progress(p, d.remaining()))

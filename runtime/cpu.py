@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..codegen.attention import AttentionConfig, as_attention, emit_c_attention
 from ..codegen.c_emit import PRELUDE, emit_c
 from ..codegen.kernel import Kernel, KernelConfig, config_space, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
@@ -146,20 +147,30 @@ class CpuBackend:
         call's description."""
         if isinstance(config, LibraryConfig):
             return as_gemm(kernel).rendered("numpy-matmul")
-        draft = emit_c(kernel, config, "KERNEL")
+        if isinstance(config, AttentionConfig):
+            draft = emit_c_attention(as_attention(kernel), config, "KERNEL")
+        else:
+            draft = emit_c(kernel, config, "KERNEL")
         name = f"k_{source_hash(draft)}"
         return name, draft.replace("void KERNEL(", f"void {name}(", 1)
 
     @staticmethod
-    def config_space(kernel: Kernel) -> list[KernelConfig | LibraryConfig]:
+    def config_space(kernel: Kernel) -> list[KernelConfig | LibraryConfig | AttentionConfig]:
+        # fused attention's tiles are the GPU's: one pass per query row here
+        if as_attention(kernel):
+            return [AttentionConfig()]
         return with_library(config_space(kernel), kernel)
 
     @staticmethod
-    def default_config() -> KernelConfig:
-        return KernelConfig()
+    def default_config(kernel: Kernel | None = None) -> KernelConfig | AttentionConfig:
+        """The configuration a kernel is first checked with: fused attention's for a kernel it
+        takes (the loop nest would compute each score once per output element)."""
+        return AttentionConfig() if kernel is not None and as_attention(kernel) else KernelConfig()
 
     @staticmethod
-    def config_from_json(data: dict) -> KernelConfig | LibraryConfig:
+    def config_from_json(data: dict) -> KernelConfig | LibraryConfig | AttentionConfig:
+        if "attention" in data:
+            return AttentionConfig.from_json(data)
         return LibraryConfig(data["library"]) if "library" in data else KernelConfig.from_json(data)
 
     @staticmethod

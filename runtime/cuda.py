@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..codegen.attention import AttentionConfig, as_attention
+from ..codegen.cuda_attention import attention_space, emit_cuda_attention
 from ..codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda, points_per_thread, split_scratch
 from ..codegen.kernel import Kernel, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
@@ -58,7 +60,10 @@ class CudaBackend:
     def render(kernel: Kernel, config: CudaConfig | LibraryConfig) -> tuple[str, str]:
         if isinstance(config, LibraryConfig):      # cuBLAS (runtime/cublas.py)
             return as_gemm(kernel).rendered(IMPLEMENTATION + ("-" + TF32 if config.library == TF32 else ""))
-        draft = emit_cuda(kernel, config, "KERNEL")
+        if isinstance(config, AttentionConfig):
+            draft = emit_cuda_attention(as_attention(kernel), config, "KERNEL")
+        else:
+            draft = emit_cuda(kernel, config, "KERNEL")
         name = f"k_{source_hash(draft)}"
         return name, draft.replace(" KERNEL(", f" {name}(", 1)
 
@@ -66,7 +71,10 @@ class CudaBackend:
     def config_space(kernel: Kernel) -> list[CudaConfig | LibraryConfig]:
         """The template's configurations, and the cuBLAS call where one can take the product: at
         fixed sizes only where `plan` maps it to one call (the fallback, CuPy's matmul on f32
-        copies, is slow and allocates, so it would keep decode from replaying a CUDA graph)."""
+        copies, is slow and allocates, so it would keep decode from replaying a CUDA graph). Fused
+        attention's tilings only, for a kernel it takes."""
+        if as_attention(kernel):
+            return attention_space(kernel)
         space = with_library(config_space(kernel), kernel)
         gemm = as_gemm(kernel)
         # fixed sizes: no symbol at all (a last-position product has fixed extents but reads its
@@ -79,11 +87,15 @@ class CudaBackend:
         return space
 
     @staticmethod
-    def default_config() -> CudaConfig:
-        return CudaConfig()
+    def default_config(kernel: Kernel | None = None) -> CudaConfig | AttentionConfig:
+        """The configuration a kernel is first checked with: fused attention's for a kernel it
+        takes (the loop nest would compute each score once per output element)."""
+        return attention_space(kernel)[0] if kernel is not None and as_attention(kernel) else CudaConfig()
 
     @staticmethod
-    def config_from_json(data: dict) -> CudaConfig | LibraryConfig:
+    def config_from_json(data: dict) -> CudaConfig | LibraryConfig | AttentionConfig:
+        if "attention" in data:
+            return AttentionConfig.from_json(data)
         return LibraryConfig(data["library"]) if "library" in data else CudaConfig.from_json(data)
 
     def compile(self, functions: dict[str, str]) -> dict[str, object]:
@@ -191,6 +203,8 @@ class CudaBackend:
     def launcher(self, fn, kernel: Kernel, config: CudaConfig | LibraryConfig):
         if isinstance(fn, CublasGemm):
             return fn.launcher(kernel)
+        if isinstance(config, AttentionConfig):
+            return _attention_launcher(fn, as_attention(kernel), config)
         # a row configuration's groups take rows (every loop but the last), any other's points
         extents = [e for _, e in (kernel.loops[:-1] if config.row else kernel.loops)]
         fixed = all(e.is_const for e in extents)
@@ -267,3 +281,19 @@ class CudaBackend:
         dst = self.cp.empty_like(src)
         times = self.time(lambda: dst.__setitem__(slice(None), src), 0.05, 20)
         return 2 * nbytes / sorted(times)[len(times) // 2]
+
+
+def _attention_launcher(fn, attention, config: AttentionConfig):
+    """A block per `config.rows` query rows of each batch point (codegen/cuda_attention.py)."""
+    loops = dict(attention.kernel.loops)
+    rows = loops[attention.query]
+    batch = [loops[v] for v in attention.batch]
+
+    def launch(args, env):
+        points = 1
+        for extent in batch:
+            points *= extent.evaluate(env)
+        if points > 65535:
+            raise KilnError(f"kiln: fused attention over {points} heads: more than a grid holds")
+        fn((max(1, -(-rows.evaluate(env) // config.rows)), points), (config.rows * 2,), args)
+    return launch

@@ -75,7 +75,7 @@ class Measurer:
         graph = self.region.graph(outputs)
         program = schedule(graph, POLICIES[variant])
         try:
-            executor = Executor(graph, program, [self.backend.default_config()] * len(program.kernels), self.backend,
+            executor = Executor(graph, program, [self.backend.default_config(k) for k in program.kernels], self.backend,
                                 reuse=False, sizes=self.region.sizes)
         except CompileError as err:
             return Outcome("compile", None, str(err)[-500:])
@@ -117,7 +117,7 @@ class Measurer:
         yet measured is measured now)."""
         graph = self.region.graph(outputs)
         program = schedule(graph, POLICIES[variant])
-        executor = Executor(graph, program, [self.backend.default_config()] * len(program.kernels), self.backend,
+        executor = Executor(graph, program, [self.backend.default_config(k) for k in program.kernels], self.backend,
                             reuse=False, sizes=self.region.sizes)
         args = self._fresh_args()
         executor(*args)
@@ -180,11 +180,11 @@ class Measurer:
             self._measure_rows(executor, inputs, env, launch_args, options,
                                [[] if self._library_wins(symbols, rows) else rows for symbols, rows in options])
         chosen, total = [], 0.0
-        for symbols, rows in options:
+        for kernel, (symbols, rows) in zip(kernels, options):
             timed = [(self.db.kernel_time(self.fingerprint, name, c.key(), symbols), c)
                      for c, name, _ in rows]
             seconds, best = min(((t, c) for t, c in timed if t is not None),
-                                key=lambda tc: tc[0], default=(0.0, self.backend.default_config()))
+                                key=lambda tc: tc[0], default=(0.0, self.backend.default_config(kernel)))
             chosen.append(best)
             total += seconds
         return chosen, total

@@ -14,15 +14,13 @@ from kiln.ir.decode import CACHES_START, decode_args
 from kiln.ir.compare import mismatch
 from kiln.runtime.cuda import CudaBackend
 from kiln.runtime.executor import Executor
-from tests.helpers import tiny_llama
-from tests.test_cuda import TINY_CASES
+from tests.test_cuda import TINY_CASES, tiny_model
 
 backend = CudaBackend()
 for path in sys.argv[1:]:
     tag = path.rsplit("/", 1)[-1]
     if tag in TINY_CASES:
-        layers, seed, dtype, _ = TINY_CASES[tag]
-        model = tiny_llama(layers, seed=seed).to(dtype)
+        model = tiny_model(tag)
     else:
         import torch
         model = catalog.load("llama-3.2-1b").model.to(torch.bfloat16)
@@ -34,7 +32,7 @@ for path in sys.argv[1:]:
         for n in g.inputs[CACHES_START:]])
     program = schedule(g)
     t = time.perf_counter()
-    ex = Executor(g, program, [backend.default_config()] * len(program.kernels), backend, reuse=False)
+    ex = Executor(g, program, [backend.default_config(k) for k in program.kernels], backend, reuse=False)
     print(f"{tag}: {len(program.kernels)} kernels, NVRTC compile {time.perf_counter() - t:.1f} s", flush=True)
     traced = ex.trace(*[a.copy() for a in args])
     feeds = dict(zip(g.inputs, args))
@@ -48,7 +46,7 @@ for path in sys.argv[1:]:
         if problem:
             bad += 1
             if bad == 1:
-                print("FIRST BAD", kernel.label, problem, "\n", backend.render(kernel, backend.default_config())[1])
+                print("FIRST BAD", kernel.label, problem, "\n", backend.render(kernel, backend.default_config(kernel))[1])
                 print("inputs:", [(b.name, b.dtype, str(b.size)) for b in kernel.inputs])
     print(f"{tag}: {bad} of {len(names)} kernels disagree", flush=True)
     t = time.perf_counter()

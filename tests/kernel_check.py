@@ -9,6 +9,7 @@ from unittest import mock
 
 import numpy as np
 
+from kiln.codegen.attention import AttentionConfig, as_attention
 from kiln.codegen.kernel import KernelConfig, config_space
 from kiln.codegen.schedule import FusionPolicy, Program, schedule
 from kiln.ir import DType, Graph, Node, Op, evaluate, run
@@ -20,7 +21,7 @@ from kiln.runtime.executor import Executor
 
 POLICIES = (FusionPolicy(), FusionPolicy(inline_limit=0, broadcast_limit=0),
             FusionPolicy(inline_limit=10**6, broadcast_limit=10**6, epilogues=True),
-            FusionPolicy(epilogues=True), FusionPolicy(rows=True),
+            FusionPolicy(epilogues=True), FusionPolicy(rows=True), FusionPolicy(rows=True, attention=True),
             FusionPolicy(64, 16, epilogues=True, merges=True))
 # a few units in the last place: libm and numpy round transcendentals and sums differently
 RTOL = {DType.F32: 1e-4, DType.F16: 2.0 ** -8, DType.BF16: 2.0 ** -6}
@@ -172,9 +173,10 @@ def report(ex: Executor, args: list[np.ndarray], problems: list[str]) -> str:
 
 def config_sets(program: Program, rng: np.random.Generator) -> list[list[KernelConfig]]:
     """Every kernel at the default config; each at a random one of its space; each at the last
-    (its last loop outermost, the most loops parallel, a reduction unrolled without simd)."""
-    spaces = [config_space(k) for k in program.kernels]
-    return [[KernelConfig()] * len(spaces),
+    (its last loop outermost, the most loops parallel, a reduction unrolled without simd). Fused
+    attention's kernels run as fused attention in all three."""
+    spaces = [[AttentionConfig()] if as_attention(k) else config_space(k) for k in program.kernels]
+    return [[CpuBackend.default_config(k) for k in program.kernels],
             [s[int(rng.integers(len(s)))] for s in spaces],
             [s[-1] for s in spaces]]
 

@@ -51,22 +51,32 @@ def lowered(model, max_seq: int, tag: str):
         return load_lowered(str(Path(saved) / tag), model)
 
 
-TINY_CASES = {"tiny1_bf16": (1, 0, torch.bfloat16, 16), "tiny2_f32": (2, 3, torch.float32, 48),
-              "tiny2_bf16": (2, 4, torch.bfloat16, 32)}
+# tag: (layers, seed, dtype, max_seq, other LlamaConfig fields)
+TINY_CASES = {"tiny1_bf16": (1, 0, torch.bfloat16, 16, {}), "tiny2_f32": (2, 3, torch.float32, 48, {}),
+              "tiny2_bf16": (2, 4, torch.bfloat16, 32, {}),
+              # heads 64 wide, as real models have them (fused attention's tiles), 4 sharing 2
+              "heads64_bf16": (2, 5, torch.bfloat16, 192,
+                               {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2})}
+
+
+def tiny_model(tag: str):
+    layers, seed, dtype, _, config = TINY_CASES[tag]
+    return tiny_llama(layers, seed=seed, **config).to(dtype)
 
 
 def tiny_case(tag: str):
-    layers, seed, dtype, max_seq = TINY_CASES[tag]
-    model = tiny_llama(layers, seed=seed).to(dtype)
-    return model, lowered(model, max_seq, tag)
+    model = tiny_model(tag)
+    return model, lowered(model, TINY_CASES[tag][3], tag)
 
 
 @pytest.fixture(scope="module")
 def tiny_kernels():
-    """Every kernel of a tiny bf16 Llama's decode and prefill programs, under each fusion policy."""
+    """Every kernel of a tiny bf16 Llama's decode and prefill programs, under each fusion policy,
+    but fused attention's (its own template: test_attention.py)."""
+    from kiln.codegen.attention import as_attention
     _, lm = tiny_case("tiny1_bf16")
     kernels = {k: None for g in (lm.decode, lm.prefill) for p in POLICIES.values() for k in schedule(g, p).kernels}
-    return list(kernels)
+    return [k for k in kernels if not as_attention(k)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
@@ -393,6 +403,41 @@ def test_every_configuration_of_every_kernel_equals_the_interpreter(step, policy
         assert any("block512-group128" in k and "stage" in k for k in keys)
 
 
+@pytest.mark.parametrize("length", [20, 150])
+@needs_gpu
+def test_fused_attention_of_each_tiling_equals_the_interpreter(length):
+    """Each tiling of the fused attention kernel (tensor cores; query rows and keys in tiles, ragged
+    at both ends, masked tiles skipped) of a bf16 Llama with 64-wide heads, 4 sharing 2, on a
+    prompt padded to its bucket (the padding's rows fully masked: the guard's zeros), against the
+    interpreter's value of the node it holds; the other kernels at their defaults."""
+    from kiln.codegen.attention import as_attention
+    from kiln.codegen.cuda_attention import attention_space
+    from kiln.ir import evaluate
+    from kiln.ir.compare import mismatch, tolerance
+    from kiln.ir.last_position import prompt_args
+    from kiln.runtime.cuda import CudaBackend
+    from kiln.runtime.executor import Executor
+    from kiln.ir.last_position import last_position
+    _, lm = tiny_case("heads64_bf16")
+    graph, backend = last_position(lm.prefill, at_length=True), CudaBackend()
+    program = schedule(graph, POLICIES["inline12-bcast1-rows-attention"])
+    fused = [k for k in program.kernels if as_attention(k)]
+    assert len(fused) == 1
+    args = prompt_args(graph, np.random.default_rng(length).integers(0, 64, (1, length)), pad=True)
+    assert args[0].shape[1] > length
+    feeds = {**dict(zip(graph.inputs, args)), **{n: graph.weights[n.attrs["name"]] for n in graph.weight_nodes()}}
+    names = [k.output.name for k in program.kernels]
+    env = graph.bind_symbols([np.shape(a) for a in args], [np.asarray(a).dtype for a in args])
+    want = dict(zip(names, evaluate([program.nodes[n] for n in names], feeds, env)))
+    rtol = tolerance([np.dtype(DType.BF16.np)])
+    for config in attention_space(fused[0]):
+        configs = [config if as_attention(k) else backend.default_config(k) for k in program.kernels]
+        got = Executor(graph, program, configs, backend, reuse=False).trace(*[np.copy(a) for a in args])
+        for kernel, name in zip(program.kernels, names):
+            problem = mismatch(got[name], want[name], rtol)
+            assert not problem, f"{kernel.label} [{config.key()}]: {problem}"
+
+
 @needs_gpu
 def test_executors_of_one_model_read_one_copy_of_each_weight():
     """decode, decode_long and the prefill buckets, like every candidate of a region, read the
@@ -510,5 +555,5 @@ def save_tiny_cases(folder: str) -> None:
     """What the GPU machine's KILN_TEST_LOWERED points at (scripts/gpu_session.sh)."""
     from kiln.frontend.hf import save_lowered
     Path(folder).mkdir(parents=True, exist_ok=True)
-    for tag, (layers, seed, dtype, max_seq) in TINY_CASES.items():
-        save_lowered(lower_causal_lm(tiny_llama(layers, seed=seed).to(dtype), max_seq), str(Path(folder) / tag))
+    for tag, (_, _, _, max_seq, _) in TINY_CASES.items():
+        save_lowered(lower_causal_lm(tiny_model(tag), max_seq), str(Path(folder) / tag))

@@ -1,0 +1,280 @@
+"""Fused attention on tensor cores (codegen/attention.py has the algebra): a block holds
+`rows` query rows of one batch point (16 a warp), its queries' fragments in registers, and walks
+the keys a tile at a time. Each tile's keys and values are staged in shared memory by cp.async,
+two buffers deep (the next tile's arrive while this one computes); S = QKᵀ and P·V run as
+mma.sync m16n8k16 (f16/bf16 in, f32 accumulate), read through ldmatrix; P stays in registers
+between the two (an S accumulator's layout is the A operand's of the next product). A tile whose
+masked part is -inf at every point of a warp's rows is skipped by that warp (its products and
+exponentials); its guards still see it."""
+from __future__ import annotations
+
+from ..ir.dtypes import DType
+from .attention import (DEPTH, KEY, SCORE, Attention, AttentionConfig, _output, as_attention,
+                        guard_body, guard_start, guard_update, snippet)
+from .c_emit import COMPUTE, STORAGE, index_code, literal, store_code
+from .kernel import Kernel
+
+_MMA = {DType.BF16: "bf16", DType.F16: "f16"}
+_PAD = 8          # halves past each staged row: rows 16 bytes apart modulo 128, no bank conflicts
+
+
+SHARED_BYTES = 48 * 1024      # what a block may hold without opting in to more
+
+
+def shared_bytes(depth: int, config: AttentionConfig) -> int:
+    """Two tiles of keys and two of values, staged rows padded."""
+    return 4 * config.keys * (depth + _PAD) * 2
+
+
+def attention_space(kernel: Kernel) -> list[AttentionConfig]:
+    """A fused kernel's tilings that fit in shared memory (no other configuration is worth timing:
+    its loop nest computes each score once per output element)."""
+    depth = as_attention(kernel).depth
+    return [c for c in (AttentionConfig(64, 64), AttentionConfig(128, 64), AttentionConfig(64, 32),
+                        AttentionConfig(128, 32)) if shared_bytes(depth, c) <= SHARED_BYTES]
+
+
+def _aligned8(index, var: str) -> bool:
+    """Whether eight elements along var from an index with var a multiple of 8 lie in one 16-byte
+    word (buffers start 256-byte aligned)."""
+    return all(c % 8 == 0 for mono, c in index.terms if mono != (var,))
+
+
+def emit_cuda_attention(a: Attention, config: AttentionConfig, name: str) -> str:
+    kernel, depth, tile = a.kernel, a.depth, config.keys
+    if config.rows % 16 or tile % 16 or depth % 16:
+        raise ValueError(f"config {config.key()}: rows, keys and depth must be multiples of 16")
+    threads, pitch, mma = config.rows * 2, depth + _PAD, _MMA[a.dtype]
+    loops = dict(kernel.loops)
+    params = [f"{STORAGE[b.dtype]}* __restrict__ {b.name}" for b in kernel.outputs]
+    params += [f"const {STORAGE[b.dtype]}* __restrict__ {b.name}" for b in kernel.inputs]
+    params.append("const int64_t* __restrict__ kiln_sym")
+    out = [f'extern "C" __global__ void __launch_bounds__({threads}) {name}({", ".join(params)}) {{']
+    body = [f"const int64_t {s} = kiln_sym[{i}];" for i, s in enumerate(kernel.symbols)]
+    body += [f"__shared__ __align__(16) uint16_t kiln_kbuf[2][{tile * pitch}], kiln_vbuf[2][{tile * pitch}];",
+             "const int kiln_warp = threadIdx.x / 32, kiln_lane = threadIdx.x % 32;",
+             "const int kiln_g = kiln_lane >> 2, kiln_t = kiln_lane & 3;",
+             "int64_t kiln_b = blockIdx.y;"]
+    for var in reversed(a.batch):
+        body.append(f"const int64_t {var} = kiln_b % ({index_code(loops[var])}); kiln_b /= ({index_code(loops[var])});")
+    body += [f"const int64_t kiln_nq = {index_code(loops[a.query])}, kiln_nk = {index_code(a.keys)};",
+             f"const int64_t kiln_row0 = (int64_t)blockIdx.x * {config.rows} + kiln_warp * 16;"]
+    # the queries' A fragments: halves h of step kk at row g + (h&1)*8, column kk*16 + (h>>1)*8 + 2t
+    body += [f"uint32_t kiln_qa[{depth // 16}][4];",
+             "#pragma unroll",
+             f"for (int kiln_kk = 0; kiln_kk < {depth // 16}; kiln_kk++) {{",
+             "  #pragma unroll",
+             "  for (int kiln_h = 0; kiln_h < 4; kiln_h++) {",
+             f"    const int64_t {a.query} = kiln_row0 + kiln_g + (kiln_h & 1) * 8;",
+             f"    const int64_t {DEPTH} = kiln_kk * 16 + (kiln_h >> 1) * 8 + 2 * kiln_t;",
+             f"    kiln_qa[kiln_kk][kiln_h] = {a.query} < kiln_nq ? "
+             f"(uint32_t){_raw(a.q.load)} | ((uint32_t){_raw(a.q.load, 1)} << 16) : 0u;",
+             "  }",
+             "}"]
+    accs = {r: f"kiln_g{i}" for i, r in enumerate(a.guards)}
+    body.append(f"float kiln_o[{depth // 8}][4] = {{}}, kiln_m[2] = {{-INFINITY, -INFINITY}}, kiln_l[2] = {{0.0f, 0.0f}};")
+    for r, acc in accs.items():
+        start = guard_start(r)
+        body.append(f"{COMPUTE[r.dtype]} {acc}[2] = {{{start}, {start}}};")
+    body.append("int kiln_buf = 0;")
+    body += _stage(a, config, pitch, "0", "0")
+    body.append("kiln_commit();")
+    body.append(f"for (int64_t kiln_j0 = 0; kiln_j0 < kiln_nk; kiln_j0 += {tile}) {{")
+    body += ["  " + line for line in _tile(a, config, pitch, accs)]
+    body.append("}")
+    body += _finish(a, accs)
+    out += ["  " + line for line in body]
+    out.append("}")
+    return _HELPERS.replace("MMA_TYPE", mma).replace("STORE", a.dtype.value) + "\n".join(out) + "\n"
+
+
+def _raw(load, offset: int = 0) -> str:
+    """The 16 bits of a load at DEPTH + offset (the operand's stride along it is 1)."""
+    return f"{load.buffer}[{index_code(load.index)}{f' + {offset}' if offset else ''}]"
+
+
+def _elements(tile: int, lines: list[str]) -> list[str]:
+    """`lines` for each accumulator element a lane holds in a tile: element e of n-block e >> 2,
+    at row g + ((e >> 1) & 1) * 8 and key 2t + (e & 1) of the block (kiln_r: which of the lane's
+    two rows)."""
+    return ["#pragma unroll",
+            f"for (int kiln_e = 0; kiln_e < {tile // 2}; kiln_e++) {{",
+            "  const int kiln_nb = kiln_e >> 2, kiln_c = kiln_e & 3, kiln_r = kiln_c >> 1;",
+            "  const int64_t kiln_row = kiln_row0 + kiln_g + kiln_r * 8;",
+            f"  const int64_t {KEY} = kiln_j0 + kiln_nb * 8 + 2 * kiln_t + (kiln_c & 1);",
+            *("  " + line for line in lines),
+            "}"]
+
+
+def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list[str]:
+    """One tile of keys: its masked part read once into registers (a warp whose part is -inf
+    throughout skips the products), S = QKᵀ, the logits and guards, the online rescaling, P·V.
+    The tile's keys and values were staged by the previous step (or before the loop); the next
+    tile's are requested first, to arrive while this one computes."""
+    tile, depth = config.keys, a.depth
+    known = {a.score: SCORE}
+    lines = [f"if (kiln_j0 + {tile} < kiln_nk) {{"]
+    lines += ["  " + x for x in _stage(a, config, pitch, f"kiln_j0 + {tile}", "kiln_buf ^ 1")]
+    lines += ["}", "kiln_commit();", "bool kiln_live = false;"]
+    if a.masked_part is not None:
+        known[a.masked_part] = "kiln_bv[kiln_e]"
+        lines.append(f"float kiln_bv[{tile // 2}];")
+        check = ["kiln_bv[kiln_e] = -INFINITY;",
+                 f"if (kiln_row < kiln_nq && {KEY} < kiln_nk) {{",
+                 f"  const int64_t {a.query} = kiln_row;",
+                 *("  " + x for x in snippet(a.masked_part, {}, "kiln_bv[kiln_e]")),
+                 "  kiln_live |= kiln_bv[kiln_e] != -INFINITY;",
+                 "}"]
+        lines += _elements(tile, check)
+    else:
+        lines.append("kiln_live = kiln_row0 < kiln_nq;")
+    lines += ["const bool kiln_skip = !__any_sync(0xffffffffu, kiln_live);",
+              "kiln_wait_previous();",
+              "__syncthreads();",
+              f"const uint16_t* kiln_ks = kiln_kbuf[kiln_buf];",
+              f"const uint16_t* kiln_vs = kiln_vbuf[kiln_buf];",
+              f"float kiln_sc[{tile // 8}][4] = {{}};",
+              "if (!kiln_skip) {",
+              "  #pragma unroll",
+              f"  for (int kiln_nb = 0; kiln_nb < {tile // 8}; kiln_nb++) {{",
+              "    #pragma unroll",
+              f"    for (int kiln_kk = 0; kiln_kk < {depth // 16}; kiln_kk++) {{",
+              "      uint32_t kiln_b0, kiln_b1;",
+              f"      kiln_ldsm_x2(kiln_b0, kiln_b1, &kiln_ks[(kiln_nb * 8 + (kiln_lane & 7)) * {pitch} "
+              "+ kiln_kk * 16 + ((kiln_lane >> 3) & 1) * 8]);",
+              "      kiln_mma(kiln_sc[kiln_nb], kiln_qa[kiln_kk], kiln_b0, kiln_b1);",
+              "    }",
+              "  }",
+              "}"]
+    scale = literal(a.q.scale * a.k.scale, DType.F32)
+    element = ["float kiln_x = -INFINITY;",
+               f"if (kiln_row < kiln_nq && {KEY} < kiln_nk) {{",
+               f"  const int64_t {a.query} = kiln_row;",
+               f"  const float {SCORE} = kiln_skip ? 0.0f : kiln_sc[kiln_nb][kiln_c] * {scale};"]
+    for r, acc in accs.items():
+        element.append(f"  {COMPUTE[r.body.dtype]} kiln_gv;")
+        element += ["  " + x for x in snippet(guard_body(a, r), known, "kiln_gv")]
+        element.append("  " + guard_update(r, f"{acc}[kiln_r]", "kiln_gv"))
+    element += ["  " + x for x in snippet(a.logit, known, "kiln_x")]
+    element += ["}", "kiln_sc[kiln_nb][kiln_c] = kiln_x;"]
+    lines += _elements(tile, element)
+    exponent = literal(a.exponent, DType.F32)
+    lines += ["if (!kiln_skip) {",
+              "  float kiln_mt[2] = {-INFINITY, -INFINITY}, kiln_ms[2], kiln_rescale[2];",
+              "  #pragma unroll",
+              f"  for (int kiln_e = 0; kiln_e < {tile // 2}; kiln_e++)",
+              "    kiln_mt[(kiln_e >> 1) & 1] = fmaxf(kiln_mt[(kiln_e >> 1) & 1], kiln_sc[kiln_e >> 2][kiln_e & 3]);",
+              "  #pragma unroll",
+              "  for (int kiln_r = 0; kiln_r < 2; kiln_r++) {",
+              "    kiln_mt[kiln_r] = fmaxf(kiln_mt[kiln_r], __shfl_xor_sync(0xffffffffu, kiln_mt[kiln_r], 1));",
+              "    kiln_mt[kiln_r] = fmaxf(kiln_mt[kiln_r], __shfl_xor_sync(0xffffffffu, kiln_mt[kiln_r], 2));",
+              "    const float kiln_mn = fmaxf(kiln_m[kiln_r], kiln_mt[kiln_r]);",
+              "    kiln_ms[kiln_r] = kiln_mn == -INFINITY ? 0.0f : kiln_mn;",
+              f"    kiln_rescale[kiln_r] = exp2f((kiln_m[kiln_r] - kiln_ms[kiln_r]) * {exponent});",
+              "    kiln_m[kiln_r] = kiln_mn;",
+              "    kiln_l[kiln_r] *= kiln_rescale[kiln_r];",
+              "  }",
+              "  #pragma unroll",
+              f"  for (int kiln_nd = 0; kiln_nd < {depth // 8}; kiln_nd++)",
+              "    #pragma unroll",
+              "    for (int kiln_c = 0; kiln_c < 4; kiln_c++) kiln_o[kiln_nd][kiln_c] *= kiln_rescale[kiln_c >> 1];",
+              "  #pragma unroll",
+              f"  for (int kiln_ks16 = 0; kiln_ks16 < {tile // 16}; kiln_ks16++) {{",
+              "    uint32_t kiln_pa[4];",
+              "    #pragma unroll",
+              "    for (int kiln_h = 0; kiln_h < 4; kiln_h++) {",
+              "      const int kiln_nb = kiln_ks16 * 2 + (kiln_h >> 1), kiln_c = (kiln_h & 1) * 2;",
+              f"      const float kiln_p0 = exp2f((kiln_sc[kiln_nb][kiln_c] - kiln_ms[kiln_h & 1]) * {exponent});",
+              f"      const float kiln_p1 = exp2f((kiln_sc[kiln_nb][kiln_c + 1] - kiln_ms[kiln_h & 1]) * {exponent});",
+              "      kiln_l[kiln_h & 1] += kiln_p0 + kiln_p1;",
+              "      kiln_pa[kiln_h] = kiln_pack(kiln_p0, kiln_p1);",
+              "    }",
+              "    #pragma unroll",
+              f"    for (int kiln_nd = 0; kiln_nd < {depth // 8}; kiln_nd++) {{",
+              "      uint32_t kiln_b0, kiln_b1;",
+              f"      kiln_ldsm_x2_trans(kiln_b0, kiln_b1, &kiln_vs[(kiln_ks16 * 16 + (kiln_lane & 15)) * {pitch} + kiln_nd * 8]);",
+              "      kiln_mma(kiln_o[kiln_nd], kiln_pa, kiln_b0, kiln_b1);",
+              "    }",
+              "  }",
+              "}",
+              "__syncthreads();   // every warp is done with this buffer before the next step refills it",
+              "kiln_buf ^= 1;"]
+    return lines
+
+
+def _stage(a: Attention, config: AttentionConfig, pitch: int, first: str, buffer: str) -> list[str]:
+    """Request the keys and values of the tile starting at key `first` into shared buffer
+    `buffer`, 16 bytes a copy (cp.async, no registers on the way) where 16 bytes apart in memory
+    too, else two bytes at a time; zeros past the last key (a value times a zero weight must be 0)."""
+    tile, depth = config.keys, a.depth
+    lines = [f"for (int kiln_i = threadIdx.x; kiln_i < {tile * depth // 8}; kiln_i += blockDim.x) {{",
+             f"  const int kiln_key = kiln_i / {depth // 8}, kiln_col = (kiln_i % {depth // 8}) * 8;",
+             f"  const bool kiln_in = {first} + kiln_key < kiln_nk;",
+             f"  const int64_t {KEY} = kiln_in ? {first} + kiln_key : 0;"]
+    for load, var, dest in ((a.k.load, DEPTH, "kiln_kbuf"), (a.v, a.d, "kiln_vbuf")):
+        lines += ["  {", f"    const int64_t {var} = kiln_col;",
+                  f"    uint16_t* kiln_to = &{dest}[{buffer}][kiln_key * {pitch} + kiln_col];"]
+        if _aligned8(load.index, var):
+            lines.append(f"    kiln_copy16(kiln_to, &{load.buffer}[{index_code(load.index)}], kiln_in);")
+        else:
+            lines += ["    #pragma unroll",
+                      f"    for (int kiln_x = 0; kiln_x < 8; kiln_x++) "
+                      f"kiln_to[kiln_x] = kiln_in ? {load.buffer}[{index_code(load.index)} + kiln_x] : (uint16_t)0;"]
+        lines.append("  }")
+    lines.append("}")
+    return lines
+
+
+def _finish(a: Attention, accs: dict) -> list[str]:
+    """The lane's two rows: sums and guards over the four lanes sharing each, then the stores."""
+    lines = ["#pragma unroll", "for (int kiln_r = 0; kiln_r < 2; kiln_r++) {",
+             "  kiln_l[kiln_r] += __shfl_xor_sync(0xffffffffu, kiln_l[kiln_r], 1);",
+             "  kiln_l[kiln_r] += __shfl_xor_sync(0xffffffffu, kiln_l[kiln_r], 2);"]
+    for r, acc in accs.items():
+        for lane in (1, 2):
+            other = f"__shfl_xor_sync(0xffffffffu, {acc}[kiln_r], {lane})"
+            if r.dtype is DType.BOOL:
+                other = f"(bool)__shfl_xor_sync(0xffffffffu, (int){acc}[kiln_r], {lane})"
+            lines.append(f"  {{ const {COMPUTE[r.dtype]} kiln_gv = {other}; {guard_update(r, f'{acc}[kiln_r]', 'kiln_gv')} }}")
+    lines.append("}")
+    dtype = a.kernel.output.dtype
+    rows = {r: f"{acc}[kiln_c >> 1]" for r, acc in accs.items()}
+    lines += ["#pragma unroll",
+              f"for (int kiln_nd = 0; kiln_nd < {a.depth // 8}; kiln_nd++) {{",
+              "  #pragma unroll",
+              "  for (int kiln_c = 0; kiln_c < 4; kiln_c++) {",
+              f"    const int64_t {a.query} = kiln_row0 + kiln_g + (kiln_c >> 1) * 8;",
+              f"    const int64_t {a.d} = kiln_nd * 8 + 2 * kiln_t + (kiln_c & 1);",
+              f"    if ({a.query} < kiln_nq) {{",
+              "      float kiln_out;"]
+    lines += ["      " + x for x in _output(a, rows, "kiln_o[kiln_nd][kiln_c]", "kiln_l[kiln_c >> 1]", "kiln_out")]
+    lines += [f"      {a.kernel.output.name}[{index_code(a.kernel.store)}] = {store_code('kiln_out', dtype)};",
+              "    }", "  }", "}"]
+    return lines
+
+
+_HELPERS = r"""
+__device__ __forceinline__ uint32_t kiln_pack(float lo, float hi) {
+  return (uint32_t)kiln_STORE_store(lo) | ((uint32_t)kiln_STORE_store(hi) << 16);
+}
+__device__ __forceinline__ void kiln_mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.MMA_TYPE.MMA_TYPE.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void kiln_copy16(uint16_t* to, const uint16_t* from, bool in) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(to);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s), "l"(from), "r"(in ? 16 : 0));
+}
+__device__ __forceinline__ void kiln_commit() { asm volatile("cp.async.commit_group;"); }
+// every copy requested before the latest commit has landed (this thread's; a barrier makes all)
+__device__ __forceinline__ void kiln_wait_previous() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void kiln_ldsm_x2(uint32_t& r0, uint32_t& r1, const uint16_t* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(s));
+}
+__device__ __forceinline__ void kiln_ldsm_x2_trans(uint32_t& r0, uint32_t& r1, const uint16_t* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(s));
+}
+"""

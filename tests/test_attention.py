@@ -1,0 +1,102 @@
+"""Fused attention (codegen/attention.py): the scheduler's attention merge makes softmax(QKᵀ)V of a
+lowered model one kernel, recognized and run as one online-softmax pass over the keys; the C pass
+here, the tensor-core one compiled by nvcc here and checked on the GPU in test_cuda.py."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from kiln.codegen.attention import AttentionConfig, as_attention
+from kiln.codegen.cuda_attention import attention_space, emit_cuda_attention
+from kiln.codegen.cuda_emit import PRELUDE
+from kiln.codegen.schedule import POLICIES, schedule
+from kiln.frontend.hf import lower_causal_lm
+from kiln.ir import DType, evaluate
+from kiln.ir.compare import mismatch, tolerance
+from kiln.ir.last_position import last_position, prompt_args
+from kiln.runtime.cpu import CpuBackend
+from kiln.runtime.executor import Executor
+
+from .helpers import tiny_llama
+
+ATTENTION = "inline12-bcast1-rows-attention"
+
+
+@pytest.fixture(scope="module")
+def heads64():
+    """A bf16 Llama of two layers with 64-wide heads, 4 query heads sharing 2 key/value heads."""
+    model = tiny_llama(2, seed=5, hidden_size=256, num_attention_heads=4, num_key_value_heads=2)
+    return lower_causal_lm(model.to(torch.bfloat16), 96)
+
+
+def test_the_attention_policy_runs_each_layers_attention_as_one_kernel(heads64):
+    program = schedule(heads64.prefill, POLICIES[ATTENTION])
+    fused = [k for k in program.kernels if as_attention(k)]
+    assert len(fused) == 2
+    plain = schedule(heads64.prefill, POLICIES["inline12-bcast1-rows"])
+    assert len(program.kernels) < len(plain.kernels)
+    for kernel in fused:
+        a = as_attention(kernel)
+        assert (a.depth, a.dtype, a.cast) == (64, DType.BF16, DType.BF16)
+        assert a.q.scale * a.k.scale == pytest.approx(64 ** -0.5)
+        assert a.guards                         # sdpa's fully-masked-row guard, kept
+        assert a.masked_part is not None        # the mask, added to the scores: tiles can be skipped
+        # it reads 16-bit queries, keys and values and the mask, and writes [position, head, d]
+        assert len(kernel.inputs) == 4
+        assert {a.q.load.buffer, a.k.load.buffer, a.v.buffer} < {b.name for b in kernel.inputs}
+        assert [str(e) for _, e in kernel.loops] == ["seq", "4", "64"]
+    # no buffer holds scores or probabilities any more: nothing [heads, seq, seq]
+    assert not any(len(b.shape) >= 3 and [str(d) for d in b.shape[-2:]] == ["seq", "seq"]
+                   for b in program.buffers.values())
+
+
+@pytest.mark.parametrize("length,pad", [(5, False), (70, True)])
+def test_fused_attention_in_c_equals_the_interpreter(heads64, length, pad):
+    """Every kernel of the prefill under the attention policy, the fused one as the C pass, against
+    the interpreter's value of the node it holds; padded, the padding's rows are fully masked (the
+    guard's zeros)."""
+    graph = last_position(heads64.prefill, at_length=True)
+    program = schedule(graph, POLICIES[ATTENTION])
+    args = prompt_args(graph, np.random.default_rng(length).integers(0, 64, (1, length)), pad=pad)
+    feeds = {**dict(zip(graph.inputs, args)), **{n: graph.weights[n.attrs["name"]] for n in graph.weight_nodes()}}
+    names = [k.output.name for k in program.kernels]
+    env = graph.bind_symbols([np.shape(a) for a in args], [np.asarray(a).dtype for a in args])
+    want = dict(zip(names, evaluate([program.nodes[n] for n in names], feeds, env)))
+    backend = CpuBackend()
+    configs = [backend.default_config(k) for k in program.kernels]
+    # the last layer computes its last position's row only (no query tile): a plain row kernel
+    assert sum(isinstance(c, AttentionConfig) for c in configs) == 1
+    assert args[0].shape[1] > length or not pad
+    got = Executor(graph, program, configs, backend, reuse=False).trace(*[np.copy(a) for a in args])
+    rtol = tolerance([np.dtype(DType.BF16.np)])
+    for kernel, name in zip(program.kernels, names):
+        assert np.isfinite(got[name]).all() or not as_attention(kernel)
+        assert not mismatch(got[name], want[name], rtol), kernel.label
+
+
+def test_a_float32_model_keeps_its_attention_as_lowered():
+    """The tensor-core pass takes 16-bit operands: an f32 model's attention is not merged."""
+    model = tiny_llama(1, seed=2, hidden_size=128, num_attention_heads=4, num_key_value_heads=2)
+    graph = lower_causal_lm(model, 32).prefill
+    program = schedule(graph, POLICIES[ATTENTION])
+    assert not any(as_attention(k) for k in program.kernels)
+    assert len(program.kernels) == len(schedule(graph, POLICIES["inline12-bcast1-rows"]).kernels)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
+def test_every_tiling_of_fused_attention_compiles_to_tensor_core_code(heads64, tmp_path):
+    program = schedule(heads64.prefill, POLICIES[ATTENTION])
+    kernel = next(k for k in program.kernels if as_attention(k))
+    for i, config in enumerate(attention_space(kernel)):
+        unit = tmp_path / f"attention{i}.cu"
+        unit.write_text(PRELUDE + emit_cuda_attention(as_attention(kernel), config, "attention"))
+        result = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", str(unit), "-o", str(tmp_path / "a.ptx")],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-3000:]
+        ptx = (tmp_path / "a.ptx").read_text()
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+        assert "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16" in ptx
