@@ -438,6 +438,49 @@ def test_fused_attention_of_each_tiling_equals_the_interpreter(length):
             assert not problem, f"{kernel.label} [{config.key()}]: {problem}"
 
 
+def sdpa_graph(seed: int):
+    """A random attention (tests/test_attention.py's sdpa_case) lowered here, or, where this
+    torch cannot export it, as save_tiny_cases saved it."""
+    from kiln.frontend.lower import lower
+    from kiln.ir.serialize import graph_from_json
+    from tests.test_attention import sdpa_case
+    module, args = sdpa_case(seed)
+    try:
+        return lower(module, args), module, args
+    except kiln.ExportError:
+        saved = os.environ.get("KILN_TEST_LOWERED")
+        if not saved:
+            pytest.skip("this torch cannot export scaled_dot_product_attention; set KILN_TEST_LOWERED")
+        return graph_from_json(json.loads((Path(saved) / f"sdpa-{seed}.json").read_text())), module, args
+
+
+@pytest.mark.parametrize("seed", range(16))
+@needs_gpu
+def test_fused_attention_of_random_sdpa_on_tensor_cores_equals_the_interpreter(seed):
+    """The fuzzed attentions of test_attention.py under every tiling of the tensor-core pass: the
+    interpreter's output within the 16-bit type's tolerance, PyTorch's within 2e-2."""
+    from kiln.codegen.attention import as_attention
+    from kiln.codegen.cuda_attention import attention_space
+    from kiln.frontend.lower import to_numpy
+    from kiln.ir.compare import mismatch, tolerance
+    from kiln.runtime.cuda import CudaBackend
+    from kiln.runtime.executor import Executor
+    graph, module, args = sdpa_graph(seed)
+    program = schedule(graph, POLICIES["inline12-bcast1-rows-attention"])
+    fused = program.kernels[-1]
+    assert as_attention(fused)
+    inputs = [to_numpy(a) for a in args]
+    want = run(graph, inputs)[0]
+    eager = module(*args).float().numpy()
+    backend = CudaBackend()
+    for config in attention_space(fused):
+        configs = [config if k is fused else backend.default_config(k) for k in program.kernels]
+        got = Executor(graph, program, configs, backend).host_outputs(*inputs)[0]
+        problem = mismatch(got, want, tolerance([inputs[0].dtype]))
+        assert not problem, f"{config.key()}: {problem}"
+        np.testing.assert_allclose(np.asarray(got, np.float32), eager, rtol=2e-2, atol=2e-2)
+
+
 @needs_gpu
 def test_executors_of_one_model_read_one_copy_of_each_weight():
     """decode, decode_long and the prefill buckets, like every candidate of a region, read the
@@ -555,5 +598,10 @@ def save_tiny_cases(folder: str) -> None:
     """What the GPU machine's KILN_TEST_LOWERED points at (scripts/gpu_session.sh)."""
     from kiln.frontend.hf import save_lowered
     Path(folder).mkdir(parents=True, exist_ok=True)
+    from kiln.frontend.lower import lower
+    from kiln.ir.serialize import graph_to_json
+    from tests.test_attention import sdpa_case
     for tag, (_, _, _, max_seq, _) in TINY_CASES.items():
         save_lowered(lower_causal_lm(tiny_model(tag), max_seq), str(Path(folder) / tag))
+    for seed in range(16):
+        (Path(folder) / f"sdpa-{seed}.json").write_text(json.dumps(graph_to_json(lower(*sdpa_case(seed)))))
