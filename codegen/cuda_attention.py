@@ -9,10 +9,11 @@ exponentials); its guards still see it."""
 from __future__ import annotations
 
 from ..ir.dtypes import DType
+from ..ir.ops import Op
 from .attention import (DEPTH, KEY, SCORE, Attention, AttentionConfig, _output, as_attention,
                         guard_body, guard_start, guard_update, snippet)
 from .c_emit import COMPUTE, STORAGE, index_code, literal, store_code
-from .kernel import Kernel
+from .kernel import Kernel, Load
 
 _MMA = {DType.BF16: "bf16", DType.F16: "f16"}
 _PAD = 8          # halves past each staged row: rows 16 bytes apart modulo 128, no bank conflicts
@@ -58,7 +59,8 @@ def emit_cuda_attention(a: Attention, config: AttentionConfig, name: str) -> str
     for var in reversed(a.batch):
         body.append(f"const int64_t {var} = kiln_b % ({index_code(loops[var])}); kiln_b /= ({index_code(loops[var])});")
     body += [f"const int64_t kiln_nq = {index_code(loops[a.query])}, kiln_nk = {index_code(a.keys)};",
-             f"const int64_t kiln_row0 = (int64_t)blockIdx.x * {config.rows} + kiln_warp * 16;"]
+             # the last rows first: under a causal mask they see the most keys, and start first
+             f"const int64_t kiln_row0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * {config.rows} + kiln_warp * 16;"]
     # the queries' A fragments: halves h of step kk at row g + (h&1)*8, column kk*16 + (h>>1)*8 + 2t
     body += [f"uint32_t kiln_qa[{depth // 16}][4];",
              "#pragma unroll",
@@ -157,7 +159,24 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
         element.append("  " + guard_update(r, f"{acc}[kiln_r]", "kiln_gv"))
     element += ["  " + x for x in snippet(a.logit, known, "kiln_x")]
     element += ["}", "kiln_sc[kiln_nb][kiln_c] = kiln_x;"]
-    lines += _elements(tile, element)
+    if accs and a.masked_part is not None and _guards_of_logit_maxima(a, known):
+        # a skipped tile's logits are all -inf: each row's guards see one value, at any of its keys
+        lines += ["if (kiln_skip) {", "  #pragma unroll", "  for (int kiln_r = 0; kiln_r < 2; kiln_r++) {",
+                  "    const int64_t kiln_row = kiln_row0 + kiln_g + kiln_r * 8;",
+                  f"    const int64_t {KEY} = kiln_j0 + 2 * kiln_t;",
+                  f"    if (kiln_row < kiln_nq && {KEY} < kiln_nk) {{",
+                  f"      const int64_t {a.query} = kiln_row;",
+                  f"      const float {SCORE} = 0.0f, kiln_hidden = -INFINITY;"]
+        hidden = {a.score: SCORE, a.masked_part: "kiln_hidden"}
+        for r, acc in accs.items():
+            lines.append(f"      {COMPUTE[r.body.dtype]} kiln_gv;")
+            lines += ["      " + x for x in snippet(guard_body(a, r), hidden, "kiln_gv")]
+            lines.append("      " + guard_update(r, f"{acc}[kiln_r]", "kiln_gv"))
+        lines += ["    }", "  }", "} else {"]
+        lines += ["  " + x for x in _elements(tile, element)]
+        lines.append("}")
+    else:
+        lines += _elements(tile, element)
     exponent = literal(a.exponent, DType.F32)
     lines += ["if (!kiln_skip) {",
               "  float kiln_mt[2] = {-INFINITY, -INFINITY}, kiln_ms[2], kiln_rescale[2];",
@@ -200,6 +219,16 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
               "__syncthreads();   // every warp is done with this buffer before the next step refills it",
               "kiln_buf ^= 1;"]
     return lines
+
+
+def _guards_of_logit_maxima(a: Attention, known: dict) -> bool:
+    """Whether every guard is a maximum (one value counts as often as any number of copies) of an
+    expression reading nothing but the score and the masked part."""
+    def reads_only_known(x) -> bool:
+        if x in known:
+            return True
+        return not isinstance(x, Load) and all(reads_only_known(c) for c in x.children())
+    return all(r.op is Op.MAX_REDUCE and reads_only_known(guard_body(a, r)) for r in a.guards)
 
 
 def _stage(a: Attention, config: AttentionConfig, pitch: int, first: str, buffer: str) -> list[str]:
@@ -254,8 +283,9 @@ def _finish(a: Attention, accs: dict) -> list[str]:
 
 
 _HELPERS = r"""
+// two weights rounded to nearest even, packed in one instruction (lo in the low half)
 __device__ __forceinline__ uint32_t kiln_pack(float lo, float hi) {
-  return (uint32_t)kiln_STORE_store(lo) | ((uint32_t)kiln_STORE_store(hi) << 16);
+  uint32_t d; asm("cvt.rn.STOREx2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d;
 }
 __device__ __forceinline__ void kiln_mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.MMA_TYPE.MMA_TYPE.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
