@@ -12,14 +12,14 @@ from .ir import DType, ExportError, Graph, KilnError, KilnTypeError, ShapeError,
 
 if TYPE_CHECKING:
     from .frontend import interpret, lower
-    from .runtime.driver import compile, compile_lm
+    from .compiler.driver import compile, compile_lm
     from .runtime.model import CompiledModel
 
 _LAZY = {   # name -> (module, attribute path)
     "interpret": (".frontend", "interpret"),
     "lower": (".frontend", "lower"),
-    "compile": (".runtime.driver", "compile"),
-    "compile_lm": (".runtime.driver", "compile_lm"),
+    "compile": (".compiler.driver", "compile"),
+    "compile_lm": (".compiler.driver", "compile_lm"),
     "CompiledModel": (".runtime.model", "CompiledModel"),
     "load": (".runtime.model", "CompiledModel.load"),
 }

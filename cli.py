@@ -117,7 +117,7 @@ _BENCH_MODELS = ("smollm2", "llama-3.2-1b")
 def bench_frontend(models: tuple[str, ...], tokens: int, json_path: str | None) -> None:
     """Export and lowering time, IR node counts, and interpreter time per token, for each MODEL
     (default: smollm2 and llama-3.2-1b)."""
-    from .frontend.bench import run_frontend_bench
+    from .bench.frontend import run_frontend_bench
     run_frontend_bench(list(models or _BENCH_MODELS), tokens, json_path)
 
 
@@ -164,7 +164,7 @@ def bench_search(models: tuple[str, ...], which: str, candidates: int, budget: s
                  no_whole: bool, json_path: str | None) -> None:
     """Saturation, layer dedupe and candidate extraction for each MODEL (default: smollm2 and
     llama-3.2-1b): sizes, times, distinct valid candidates."""
-    from .search.bench import run_search_bench
+    from .bench.search import run_search_bench
     from .search.budget import parse_budget
     run_search_bench(list(models or _BENCH_MODELS), which, candidates, parse_budget(budget), check, json_path,
                      whole=not no_whole)
@@ -182,7 +182,7 @@ def bench_search(models: tuple[str, ...], which: str, candidates: int, budget: s
 def bench_compiled(artifact: str, spec: str, tokens: int, prompt_len: int, json_path: str | None) -> None:
     """Decode and prefill tokens/s of a compiled ARTIFACT beside PyTorch eager running MODEL, the
     model it was compiled from (default: smollm2), in one run."""
-    from .runtime.bench import run_compiled_bench
+    from .bench.compiled import run_compiled_bench
     run_compiled_bench(artifact, spec, tokens, prompt_len, json_path)
 
 
@@ -191,7 +191,7 @@ def bench_compiled(artifact: str, spec: str, tokens: int, prompt_len: int, json_
 @_clean_errors
 def chart(json_path: str) -> None:
     """Draw the PNG chart of a `kiln bench gpu --json` result, beside it (bench.json: bench.png)."""
-    from .runtime.bench_gpu import write_chart
+    from .bench.gpu import write_chart
     click.echo(write_chart(json_path))
 
 
@@ -226,7 +226,7 @@ def bench_gpu(model: str, dtype: str, tokens: int, budget: str, max_seq: int, to
     """Decode and prefill tokens/s of PyTorch eager, torch.compile and Kiln (CUDA) on one GPU,
     in one run, with the copy bandwidth measured in the same run and each one's share of the
     bandwidth bound; the decode kernels that take the most time."""
-    from .runtime.bench_gpu import run_gpu_bench
+    from .bench.gpu import run_gpu_bench
     run_gpu_bench(model, dtype, tokens, budget, max_seq, torch_compile, json_path, db, lowered_path=lowered_path,
                   prefill=prefill, positions=positions, artifact=artifact)
 
@@ -374,7 +374,7 @@ def compile(model: str, out: str, backend: str, budget: str | None, max_seq: int
     from .frontend import catalog, hf
     from pathlib import Path
     from .runtime.artifact import check_writable
-    from .runtime.driver import compile_lm, interrupted
+    from .compiler.driver import compile_lm, interrupted
     from .runtime.model import make_backend
     from .search.budget import parse_budget
     seconds = parse_budget(budget) if budget is not None else None
@@ -402,7 +402,7 @@ def compile(model: str, out: str, backend: str, budget: str | None, max_seq: int
             "checked and timed)" if info["over_budget_s"] >= 1 else "")
     click.echo(f"searched {info['took_s']:.0f} s after lowering, of a {info['budget_s']:.0f} s budget{over}")
     if report:
-        from .runtime.report import write_report
+        from .report.page import write_report
         click.echo(f"report: {write_report(out)}")
 
 
@@ -473,7 +473,7 @@ def report(folder: str, out: str | None) -> None:
     one self-contained HTML page with the search curves, the winner's kernels, e-graph growth,
     rules fired, rejected candidates and the hardware. Prints the page's path."""
     from pathlib import Path
-    from .runtime.report import write_report
+    from .report.page import write_report
     click.echo(str(write_report(Path(folder), Path(out) if out else None)))
 
 

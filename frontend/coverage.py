@@ -90,7 +90,8 @@ class _Logits(torch.nn.Module):
 
 def check(arch: str) -> Row:
     from ..ir import ExportError, KilnError, UnsupportedOp, run
-    from .lower import lower, to_numpy
+    from ..ir.tensors import to_numpy
+    from .lower import lower
     start = time.monotonic()
     ids = torch.randint(0, 128, (1, PROMPT), generator=torch.Generator().manual_seed(1))
     try:

@@ -24,7 +24,8 @@ from torch.export import Dim
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..ir import Graph, KilnError, ShapeError, decode, run
-from .lower import lower, to_numpy
+from ..ir.tensors import to_numpy
+from .lower import lower
 
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -18,7 +18,8 @@ from ..ir import DType, Expr, ExportError, Graph, KilnTypeError, Node, Op, Unsup
 from ..ir.serialize import resolve_spec
 from ..ir.symbolic import prod
 from .registry import UNSUPPORTED, LowerCtx, all_lowerings
-from .symbols import kiln_dtype, to_expr, torch_dtype
+from ..ir.tensors import from_numpy, kiln_dtype, to_numpy, torch_dtype
+from .symbols import to_expr
 
 # graph nodes that only assert or annotate: nothing to compute
 _IGNORED = {
@@ -197,24 +198,6 @@ def _dim_names(module, args, dynamic_shapes, ep: ExportedProgram) -> dict[str, s
 def _is_user_input(ep: ExportedProgram, name: str) -> bool:
     return any(s.kind == InputKind.USER_INPUT and getattr(s.arg, "name", None) == name
                for s in ep.graph_signature.input_specs)
-
-
-def to_numpy(tensor: torch.Tensor, dtype: DType | None = None) -> np.ndarray:
-    """A CPU numpy view of a tensor; bf16 through ml_dtypes, f64 and narrow ints converted."""
-    tensor = tensor.detach().cpu()
-    dtype = dtype or kiln_dtype(tensor.dtype)
-    tensor = tensor.to(torch_dtype(dtype))
-    if dtype is DType.BF16:
-        return tensor.contiguous().view(torch.int16).numpy().view(DType.BF16.np)
-    return tensor.numpy()
-
-
-def from_numpy(array: np.ndarray) -> torch.Tensor:
-    # np.ascontiguousarray would turn a 0-d result into shape (1,); np.require keeps the rank
-    array = np.require(array, requirements="C")
-    if array.dtype == DType.BF16.np:
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
 
 
 def interpret(graph: Graph, *args, **kwargs) -> Any:

@@ -9,7 +9,8 @@ import torch
 
 from ..ir import DType, Expr, Node
 from ..ir import build
-from .symbols import kiln_dtype, to_expr
+from ..ir.tensors import kiln_dtype
+from .symbols import to_expr
 
 aten = torch.ops.aten
 Lowering = Callable[..., Any]

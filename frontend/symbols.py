@@ -1,4 +1,4 @@
-"""torch's symbolic sizes (sympy expressions) to Kiln's `Expr`, and dtypes between the two."""
+"""torch's symbolic sizes (sympy expressions) to Kiln's `Expr`."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -7,30 +7,7 @@ import sympy
 import torch
 from torch.utils._sympy import functions as tsf
 
-from ..ir import DType, Expr, UnsupportedOp
-
-_DTYPES = {
-    torch.float32: DType.F32, torch.float16: DType.F16, torch.bfloat16: DType.BF16,
-    torch.int32: DType.I32, torch.int64: DType.I64, torch.bool: DType.BOOL,
-}
-_TORCH = {v: k for k, v in _DTYPES.items()}
-# types Kiln computes in when torch hands it one it lacks
-_NARROWED = {torch.float64: DType.F32, torch.int8: DType.I32, torch.int16: DType.I32,
-             torch.uint8: DType.I32}
-
-
-def kiln_dtype(dtype: torch.dtype) -> DType:
-    if dtype in _DTYPES:
-        return _DTYPES[dtype]
-    if dtype in _NARROWED:
-        return _NARROWED[dtype]
-    raise UnsupportedOp(f"kiln: tensors of {dtype} are not supported "
-                        f"(supported: {', '.join(str(d) for d in _DTYPES)})")
-
-
-def torch_dtype(dtype: DType) -> torch.dtype:
-    return _TORCH[dtype]
-
+from ..ir import Expr, UnsupportedOp
 
 def to_expr(value, names: Mapping[str, str]) -> Expr:
     """A torch SymInt, sympy expression or int as an Expr, symbols renamed through `names`."""

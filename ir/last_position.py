@@ -23,7 +23,6 @@ import numpy as np
 
 from .build import slice_axis
 from .dtypes import DType
-from .errors import ShapeError
 from .graph import Graph, Node, toposort
 from .ops import Kind, Op
 from .symbolic import Expr, sym

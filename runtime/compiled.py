@@ -10,9 +10,8 @@ import numpy as np
 
 from ..codegen.kernel import KernelConfig
 from ..codegen.schedule import POLICIES, Program, schedule
-from ..ir import Graph, Node, ShapeError
+from ..ir import Graph, Node, ShapeError, regions as regionlib
 from ..ir.graph import is_weight
-from ..search import regions as regionlib
 from .backend import Recording
 from .executor import Executor, Scratch, fixed_symbols, plan_buffers
 

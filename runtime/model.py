@@ -13,11 +13,10 @@ from typing import Any
 import numpy as np
 
 from ..codegen.c_runner import is_runner
-from ..ir import DType, Graph, KilnError
+from ..ir import DType, Graph, KilnError, regions as regionlib
 from ..ir.decode import decode_args
 from ..ir.last_position import prompt_args
 from ..ir.serialize import graph_from_json, graph_to_json, resolve_spec
-from ..search import regions as regionlib
 from .artifact import read_artifact, write_artifact
 from .compiled import Choice, CompiledGraph
 from .hardware import describe_mismatch, fingerprint_id
@@ -75,7 +74,7 @@ class CompiledModel:
         last position's, or [1, T, vocab] where compiled with all_logits."""
         import torch
         from torch.utils import _pytree as pytree
-        from ..frontend.lower import from_numpy, to_numpy
+        from ..ir.tensors import from_numpy, to_numpy
         if self.kind == "lm":
             logits = self._prefill(np.asarray(to_numpy(args[0]) if isinstance(args[0], torch.Tensor)
                                               else args[0], dtype=np.int64))

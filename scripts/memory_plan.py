@@ -11,7 +11,7 @@ import numpy as np
 from kiln.codegen.schedule import POLICIES, schedule
 from kiln.ir.serialize import graph_from_json
 from kiln.runtime.executor import Scratch, plan_buffers
-from kiln.search import regions as regionlib
+from kiln.ir import regions as regionlib
 
 path, which = sys.argv[1], sys.argv[2]
 with open(path + ".json") as f:

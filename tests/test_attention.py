@@ -15,7 +15,8 @@ from kiln.codegen.cuda_attention import attention_space, emit_cuda_attention
 from kiln.codegen.cuda_emit import PRELUDE
 from kiln.codegen.schedule import POLICIES, schedule
 from kiln.frontend.hf import lower_causal_lm
-from kiln.frontend.lower import lower, to_numpy
+from kiln.frontend.lower import lower
+from kiln.ir.tensors import to_numpy
 from kiln.ir import DType, evaluate, run
 from kiln.ir.compare import mismatch, tolerance
 from kiln.ir.last_position import last_position, prompt_args

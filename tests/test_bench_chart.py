@@ -34,7 +34,7 @@ def test_chart_of_a_bench_cut_short_draws_what_it_measured(tmp_path, monkeypatch
     """A bench stopped before its end (a device call's time limit) wrote its JSON figure by
     figure: no bound yet, no torch.compile prefill. The chart draws the bound from the copy rate
     and the weights, and says which figure was not measured instead of drawing a zero."""
-    from kiln.runtime.bench_gpu import _chart
+    from kiln.bench.gpu import _chart
     result = {"model": "llama-3.2-1b", "dtype": "bfloat16", "gpu": "NVIDIA H200", "prefill_tokens": 512,
               "copy_bytes_per_s": 4.2e12, "weight_bytes": 2.47e9,
               "eager_decode_tokens_per_s": 32.0, "eager_prefill_tokens_per_s": 27000.0,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.runtime.cpu import CpuBackend
-from kiln.runtime.measure import Measurer
+from kiln.compiler.measure import Measurer
 from kiln.search.tunedb import TuneDB
 from tests.test_worker import VARIANT, _region
 

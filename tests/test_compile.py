@@ -90,7 +90,7 @@ def test_artifact_round_trip(tiny):
 def test_a_load_takes_the_split_into_regions_from_the_artifact(tiny, monkeypatch):
     """The regions a compile split its graphs into travel in the artifact: a load rebuilds the
     same regions (keys, labels, the nodes flowing in and computed) without splitting again."""
-    from kiln.search import regions as regionlib
+    from kiln.ir import regions as regionlib
     _, compiled, root = tiny
 
     def split(graph):
@@ -112,7 +112,7 @@ def test_the_gpu_bench_times_an_artifact_only_of_its_cache_layout(tiny):
     """`kiln bench gpu --artifact` (a compile continued with --resume over several sittings)
     takes an artifact compiled for the bench's model, dtype and max_seq, and refuses another."""
     from kiln.frontend import hf
-    from kiln.runtime.bench_gpu import _compiled_artifact
+    from kiln.bench.gpu import _compiled_artifact
     model, compiled, root = tiny
     loaded = _compiled_artifact(str(root / "artifact"), hf.cache_spec(model, 48), "float32")
     assert loaded.info == compiled.info
@@ -123,7 +123,7 @@ def test_the_gpu_bench_times_an_artifact_only_of_its_cache_layout(tiny):
 
 
 def test_the_bench_puts_the_kernel_sum_beside_the_decode_step(tiny):
-    from kiln.runtime.bench import decode_launch_figures
+    from kiln.bench.compiled import decode_launch_figures
     _, compiled, _ = tiny
     decode = compiled.graphs["decode"]
     figures = decode_launch_figures(compiled, 0.5)
@@ -151,7 +151,7 @@ def test_running_an_artifact_never_imports_the_search_or_the_frontend(tiny):
                             "assert lm.generate([9, 8, 7], max_new_tokens=4)", str(root / "artifact"))
     assert "kiln.runtime.compiled" in loaded
     for heavy in ("egglog", "kiln.search.saturate", "kiln.search.extract", "kiln.rewrites.registry",
-                  "kiln.runtime.compiler", "kiln.frontend.lower"):
+                  "kiln.compiler.loop", "kiln.frontend.lower"):
         assert heavy not in loaded, heavy
 
 
@@ -430,7 +430,7 @@ def test_compile_from_graphs_lowered_elsewhere(tmp_path):
 
 
 def test_prefill_buckets_follow_max_seq():
-    from kiln.runtime.driver import prefill_buckets
+    from kiln.compiler.driver import prefill_buckets
     assert prefill_buckets(48) == {"prefill": 32}                  # no room for a long bucket
     assert prefill_buckets(256) == {"prefill": 32, "prefill_255": 255}
     assert prefill_buckets(704) == {"prefill": 32, "prefill_512": 512}
@@ -438,7 +438,7 @@ def test_prefill_buckets_follow_max_seq():
 
 
 def test_decode_buckets_follow_max_seq():
-    from kiln.runtime.driver import decode_buckets
+    from kiln.compiler.driver import decode_buckets
     assert decode_buckets(704) == {"decode": (32, 0)}                # no long context to tune for
     assert decode_buckets(2048) == {"decode": (32, 0)}
     assert decode_buckets(4096) == {"decode": (32, 0), "decode_long": (2560, 1024)}

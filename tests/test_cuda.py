@@ -283,7 +283,7 @@ def test_bf16_logits_within_2e_2_of_pytorch(tmp_path):
 def with_cublas_products(compiled):
     """The same regions with every matrix product the search may run as a cuBLAS call run so."""
     from kiln.runtime.compiled import Choice, CompiledGraph, replays
-    from kiln.runtime.measure import kernel_space
+    from kiln.compiler.measure import kernel_space
     choices = {}
     recorded = replays(compiled.graph)
     for key, choice in compiled.choices.items():
@@ -461,7 +461,7 @@ def test_fused_attention_of_random_sdpa_on_tensor_cores_equals_the_interpreter(s
     interpreter's output within the 16-bit type's tolerance, PyTorch's within 2e-2."""
     from kiln.codegen.attention import as_attention
     from kiln.codegen.cuda_attention import attention_space
-    from kiln.frontend.lower import to_numpy
+    from kiln.ir.tensors import to_numpy
     from kiln.ir.compare import mismatch, tolerance
     from kiln.runtime.cuda import CudaBackend
     from kiln.runtime.executor import Executor

@@ -122,7 +122,7 @@ def test_every_kernel_of_a_last_position_prefill_has_a_cuda_configuration_space(
     from kiln.codegen.schedule import POLICIES, schedule
     from kiln.frontend.hf import lower_causal_lm
     from kiln.runtime.cuda import CudaBackend
-    from kiln.runtime.measure import kernel_space
+    from kiln.compiler.measure import kernel_space
     from tests.helpers import tiny_llama
     graph = last_position(lower_causal_lm(tiny_llama(1), 16).prefill, at_length=True)
     seq = graph.inputs[0].shape[1].symbol_name

@@ -174,7 +174,7 @@ def test_a_library_call_far_faster_than_the_default_ends_the_kernels_tuning(tmp_
     the library call took a tenth of the default's time, no other generated configuration is
     compiled or timed; at half, every one is."""
     from kiln.codegen.schedule import POLICIES
-    from kiln.runtime.measure import Measurer, kernel_space
+    from kiln.compiler.measure import Measurer, kernel_space
     from kiln.search.tunedb import TuneDB
     from tests.test_worker import VARIANT, _region
     region, outputs = _region(plain=True)

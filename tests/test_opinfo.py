@@ -28,7 +28,7 @@ from torch.utils import _pytree as pytree
 import kiln
 from kiln.frontend.lower import export, lower_exported
 from kiln.frontend.registry import UNSUPPORTED, all_lowerings
-from kiln.frontend.symbols import kiln_dtype, torch_dtype
+from kiln.ir.tensors import kiln_dtype, torch_dtype
 from kiln.ir import ExportError, UnsupportedOp
 
 with warnings.catch_warnings():

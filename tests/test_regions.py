@@ -9,7 +9,8 @@ from kiln.ir import DType, Graph, Node, Op, build, evaluate, run
 from kiln.ir.decode import decode_args
 from kiln.ir.symbolic import shape_of
 from kiln.rewrites.registry import library
-from kiln.search import extract, regions
+from kiln.ir import regions
+from kiln.search import extract
 from kiln.ir.compare import agrees
 from kiln.search.saturate import saturate
 from kiln.tests.helpers import tiny_llama

@@ -150,8 +150,8 @@ def test_finalists_are_timed_as_the_user_runs_them(tmp_path):
     symbolic length) is timed end to end as the replay of one recording, the launch mode decode
     runs in; a region of prefill too, recorded at the prompt's length, as a prefill replays."""
     from kiln.ir import evaluate
-    from kiln.runtime.measure import Measurer, Region
-    from kiln.search import regions
+    from kiln.compiler.measure import Measurer, Region
+    from kiln.ir import regions
     from kiln.search.tunedb import TuneDB
     from tests.test_worker import VARIANT
     lm = lower_causal_lm(tiny_llama(1, seed=7), 16)

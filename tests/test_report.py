@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 import kiln
 from kiln.cli import main
-from kiln.runtime.driver import compile_id_for
-from kiln.runtime.report import write_report
+from kiln.compiler.driver import compile_id_for
+from kiln.report.page import write_report
 from kiln.search.tunedb import TuneDB
 from tests.helpers import tiny_llama
 
@@ -193,7 +193,7 @@ def test_headless_chromium_loads_the_page(page, tmp_path):
 
 
 def test_a_region_far_from_its_estimate_says_why():
-    from kiln.runtime.report import _gap
+    from kiln.report.page import _gap
     assert _gap(1e-3, 1.2e-3) == ""
     slower, faster = _gap(1e-3, 5.5e-3), _gap(3e-3, 1e-3)
     assert "5.50x the estimate" in slower and "between the kernels" in slower

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from kiln.frontend.lower import from_numpy, lower, to_numpy
+from kiln.frontend.lower import lower
+from kiln.ir.tensors import from_numpy, to_numpy
 from kiln.ir import run
 
 

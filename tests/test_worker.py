@@ -19,8 +19,8 @@ from kiln.ir import DType, Graph, Node, Op, evaluate
 from kiln.ir.build import reduce
 from kiln.ir.symbolic import shape_of
 from kiln.runtime.cpu import CpuBackend, cache_dir
-from kiln.runtime.measure import Measurer, Region
-from kiln.runtime.worker import IsolatedEvaluate
+from kiln.compiler.measure import Measurer, Region
+from kiln.compiler.worker import IsolatedEvaluate
 from kiln.search.tunedb import TuneDB
 
 VARIANT = next(iter(POLICIES))
@@ -183,7 +183,7 @@ def test_one_worker_serves_region_after_region(tmp_path, monkeypatch):
 PARENT = """
 import sys
 from tests.test_worker import VARIANT, _region
-from kiln.runtime.worker import IsolatedEvaluate
+from kiln.compiler.worker import IsolatedEvaluate
 region, outputs = _region()
 IsolatedEvaluate("cpu", sys.argv[1], "test-machine", region, timeout_s=600,
                  trial_timeout_s=600)(outputs, VARIANT)

@@ -6,7 +6,7 @@ from ...ir import build
 from ...ir.symbolic import prod
 from .. import math as m
 from ..registry import LowerCtx, aten, register_lowering
-from ..symbols import kiln_dtype
+from ...ir.tensors import kiln_dtype
 from .pointwise import opmath
 from .reductions import amax, count, mean, reduce_axes, sum_
 

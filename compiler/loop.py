@@ -12,16 +12,15 @@ from typing import Callable
 import numpy as np
 
 from ..codegen.schedule import POLICIES
-from ..ir import Graph, evaluate
+from ..ir import Graph, evaluate, regions as regionlib
 from ..ir.graph import is_weight
 from ..rewrites.registry import library
-from ..search import regions as regionlib
+from ..runtime.compiled import Choice, CompiledGraph, read_inputs, region_graph, replays
+from ..runtime.executor import fixed_symbols
 from ..search.budget import Deadline
 from ..search.saturate import Limits, StageReport, saturate
-from ..search.tuner import Progress, RegionTuner
 from ..search.tunedb import TuneDB
-from .compiled import Choice, CompiledGraph, read_inputs, region_graph, replays
-from .executor import fixed_symbols
+from ..search.tuner import Progress, RegionTuner
 from .measure import Measurer, Region
 from .worker import IsolatedEvaluate
 
@@ -62,7 +61,7 @@ def compile_graph(graph: Graph, backend, args: list[np.ndarray], seconds: float,
                   ) -> tuple[CompiledGraph, GraphReport]:
     """Search every distinct region of `graph` within `seconds` in all; `args` are call inputs
     whose reference run supplies each region's inputs (real activations). `isolate`: measure
-    candidates in a worker process (runtime/worker.py), so a crashing kernel costs only itself;
+    candidates in a worker process (compiler/worker.py), so a crashing kernel costs only itself;
     a worker passed in (one for every graph of a compile: its start-up paid once) stays open."""
     start, budget = time.monotonic(), Deadline(seconds)
     compile_id = compile_id or uuid.uuid4().hex

@@ -13,7 +13,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from . import catalog, hf
+from ..frontend import catalog, hf
 from ..ir import decode
 
 PROMPT_TOKENS = 32

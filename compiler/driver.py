@@ -16,16 +16,16 @@ import numpy as np
 
 from ..ir import Graph, KilnError, decode
 from ..ir.last_position import last_position, prompt_args
+from ..runtime.artifact import check_writable
+from ..runtime.backend import Evicting
+from ..runtime.compiled import CompiledGraph
+from ..runtime.hardware import fingerprint_id
+from ..runtime.model import CompiledModel, fingerprint, make_backend
 from ..search.budget import Deadline, parse_budget
 from ..search.tunedb import TuneDB
-from .backend import Evicting
-from .artifact import check_writable
-from .compiled import CompiledGraph
-from .compiler import GraphReport, compile_graph
-from .worker import IsolatedEvaluate
-from .hardware import fingerprint_id
-from .model import CompiledModel, fingerprint, make_backend
+from .loop import GraphReport, compile_graph
 from .progress import CompileDisplay
+from .worker import IsolatedEvaluate
 
 TUNE_SEQ = 32             # the prompt length decode's caches come from, and prefill's first bucket
 LONG_PROMPT = 512         # ... and the length of the second prefill bucket (where max_seq has room)
@@ -185,7 +185,7 @@ def _compile_lowered(model, lowered, *, deadline: Deadline, backend: str, runner
                      compile_id: str, seconds: float) -> CompiledModel:
     """compile_lm after lowering: what the budget (`deadline`) covers."""
     from ..frontend import hf
-    from ..frontend.lower import kiln_dtype
+    from ..ir.tensors import kiln_dtype
     max_seq = lowered.max_seq
     rng = np.random.default_rng(seed)
     tune_seq = max(2, min(TUNE_SEQ, max_seq - 1))
@@ -250,7 +250,8 @@ def compile(module, args: tuple, dynamic_shapes=None, backend: str = "cpu",
             budget: str | float = "10m", db: str | Path | None = None, seed: int = 0,
             progress: bool = True, max_candidates: int = 100_000) -> CompiledModel:
     """Compile any module torch.export accepts; call the result like the module."""
-    from ..frontend.lower import lower, to_numpy
+    from ..frontend.lower import lower
+    from ..ir.tensors import to_numpy
     import torch
     from torch.utils import _pytree as pytree
     seconds = budget if isinstance(budget, (int, float)) else parse_budget(budget)

@@ -30,9 +30,15 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..ir import Graph, Node, Op, evaluate
-from ..ir.graph import is_weight, toposort
-from ..ir.printer import format_graph
+from . import Graph
+
+from . import Node
+
+from . import Op
+
+from . import evaluate
+from .graph import is_weight, toposort
+from .printer import format_graph
 
 # views that only re-index their one input (no pad value, no second input)
 _FREE_VIEWS = frozenset({Op.RESHAPE, Op.EXPAND, Op.PERMUTE, Op.SLICE})

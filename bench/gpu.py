@@ -96,7 +96,7 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
             json_path: str | None = None, positions: tuple[int, ...] = (), artifact: str | None = None) -> dict:
     """`artifact`: time what `kiln compile` wrote there (the same model, dtype and max_seq)
     instead of compiling: a compile longer than one sitting, continued with --resume."""
-    from .driver import compile_lm
+    from ..compiler.driver import compile_lm
     loaded = catalog.load(spec)
     model = loaded.model.to(getattr(torch, dtype)).eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -318,8 +318,8 @@ def _fp32_logits(model, cache, ids, start_pos: int, count: int) -> list:
 
 def _compiled_artifact(folder: str, cache, dtype: str):
     """The artifact at `folder`, refused unless compiled for the bench's cache layout and dtype."""
-    from ..frontend.lower import kiln_dtype
-    from .model import CompiledModel
+    from ..ir.tensors import kiln_dtype
+    from ..runtime.model import CompiledModel
     compiled = CompiledModel.load(folder)
     if (compiled.info.get("cache_shape"), compiled.info.get("cache_dtype")) != \
             (list(cache.shape), kiln_dtype(cache.dtype).value):

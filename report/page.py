@@ -16,11 +16,11 @@ from dataclasses import dataclass, fields
 from html import escape
 from pathlib import Path
 
+from ..compiler.driver import _journal_path
 from ..ir import KilnError
+from ..runtime.artifact import MANIFEST
 from ..search.tunedb import CandidateRecord, TuneDB
-from .artifact import MANIFEST
-from .driver import _journal_path
-from .report_svg import PALETTE, Bar, Series, bar_chart, step_chart
+from .svg import Bar, PALETTE, Series, bar_chart, step_chart
 
 REPORT_HTML = "report.html"
 STATUSES = ("ok", "wrong", "nan", "crash", "compile", "timeout")   # the table's column order
@@ -71,7 +71,7 @@ def load(folder: Path) -> Source:
         if not data.get("db"):
             note = f"the journal names no database; read the default one, {db}. {note}"
         from .. import __version__
-        from .hardware import fingerprint_cpu
+        from ..runtime.hardware import fingerprint_cpu
         manifest = {"kiln_version": __version__, "hardware": fingerprint_cpu()}
         return Source(folder, False, manifest, _graphs_from_rows(rows or []), db, rows, note)
     if folder.exists() and not folder.is_dir():

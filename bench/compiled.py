@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ..frontend import catalog, hf
-from ..frontend.bench import write_json
 from ..ir.decode import decode_args, window_length
-from .model import CompiledModel
+from ..runtime.model import CompiledModel
+from .frontend import write_json
 
 
 def _median_time(fn, repeats: int) -> float:

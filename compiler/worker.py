@@ -15,7 +15,7 @@ outcome; `{"region": FOLDER}` switches the worker to the next region and gets `{
 A region travels as an artifact folder (graph JSON and safetensors, never pickle); measurements
 go straight from the worker into the tuning database, which is what the parent reads them from.
 
-Run as `python -m kiln.runtime.worker FOLDER PARENT_PID` (the parent does this)."""
+Run as `python -m kiln.compiler.worker FOLDER PARENT_PID` (the parent does this)."""
 from __future__ import annotations
 
 import json
@@ -33,9 +33,9 @@ from pathlib import Path
 from ..ir import Graph
 from ..ir.errors import KilnError
 from ..ir.serialize import graph_from_json, graph_to_json
+from ..runtime.artifact import read_artifact, write_artifact
 from ..search.budget import Deadline
 from ..search.tuner import Outcome
-from .artifact import read_artifact, write_artifact
 from .measure import Measurer, Region
 
 SPEC = "worker.json"
@@ -239,7 +239,7 @@ def _keep(stream, sink: list[str]) -> None:
 # --- the worker -------------------------------------------------------------------------------
 def serve(folder: Path, parent: int) -> None:
     from ..search.tunedb import TuneDB
-    from .model import make_backend
+    from ..runtime.model import make_backend
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     protocol, sys.stdout = sys.stdout, sys.stderr     # stray prints must not break the protocol
     trial = folder.parent / TRIAL

@@ -19,12 +19,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from ..frontend.bench import write_json
-from ..ir import DType, Graph, evaluate, run
+from ..ir import DType, Graph, evaluate, regions, run
 from ..ir.compare import agrees
 from ..rewrites.registry import library
-from . import extract, regions
-from .saturate import Limits, saturate
+from ..search import extract
+from ..search.saturate import Limits, saturate
+from .frontend import write_json
 
 CHECK_SEQ = 8              # prompt length of the reference run that supplies region inflows
 TARGET_STAGE_S = 60.0      # the whole e-graph stage, on one core

@@ -15,11 +15,11 @@ from ..codegen.schedule import POLICIES, Program, schedule
 from ..ir import Graph, Node
 from ..ir.compare import mismatch, tolerance
 from ..ir.errors import CompileError
+from ..runtime.backend import Evicting, Recording
+from ..runtime.executor import Executor
 from ..search.budget import Deadline
-from ..search.tuner import Outcome
 from ..search.tunedb import TuneDB
-from .backend import Evicting, Recording
-from .executor import Executor
+from ..search.tuner import Outcome
 
 TIMING_TARGET_S = 0.002      # per kernel and configuration: repeat until this much time is spent
 MAX_REPEATS = 50

@@ -1,0 +1,1 @@
+"""The compile report: an HTML page with SVG charts from an artifact and its tuning database."""
