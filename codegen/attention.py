@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from ..ir.dtypes import DType
 from ..ir.ops import Op
 from ..ir.symbolic import Expr
-from .c_emit import COMPUTE, STORAGE, KernelConfig, _Body, index_code, literal, load_code, store_code
+from .c_emit import (COMPUTE, STORAGE, KernelConfig, _Body, index_code, literal, load_code,
+                     reduction_accumulator, store_code)
 from .index import stride
 from .kernel import Apply, Const, Kernel, Load, Reduce, Scalar, free_vars, renamed
 
@@ -301,15 +302,14 @@ def snippet(value: Scalar, known: dict[Scalar, str], target: str) -> list[str]:
 
 def guard_update(r: Reduce, acc: str, value: str) -> str:
     """Fold one key's value into a guard's accumulator."""
-    if r.op is Op.SUM_REDUCE:
-        return f"{acc} += {value};"
-    return f"{acc} = ({value} > {acc} || {value} != {value}) ? {value} : {acc};"
+    _, _, combine = reduction_accumulator(r)
+    return f"{acc} = {combine.format(a=acc, b=value)};"
 
 
-def guard_start(r: Reduce) -> str:
-    if r.op is Op.SUM_REDUCE:
-        return "0"
-    return "false" if r.dtype is DType.BOOL else literal(float("-inf"), DType.F32)
+def guard_start(r: Reduce) -> tuple[str, str]:
+    """A guard accumulator's C type and start."""
+    acc_type, start, _ = reduction_accumulator(r)
+    return acc_type, start
 
 
 def guard_body(a: Attention, r: Reduce) -> Scalar:
@@ -336,7 +336,8 @@ def emit_c_attention(a: Attention, config: AttentionConfig, name: str) -> str:
     inner.append("}")
     accs = {r: f"kiln_g{i}" for i, r in enumerate(a.guards)}
     for r, acc in accs.items():
-        inner.append(f"{COMPUTE[r.dtype]} {acc} = {guard_start(r)};")
+        acc_type, start = guard_start(r)
+        inner.append(f"{acc_type} {acc} = {start};")
     inner.append(f"for (int64_t {KEY} = 0; {KEY} < {index_code(a.keys)}; {KEY}++) {{")
     step = [f"float {SCORE} = 0.0f, kiln_x, kiln_e;"]
     step.append(f"for (int64_t {DEPTH} = 0; {DEPTH} < {depth}; {DEPTH}++) {SCORE} += kiln_q[{DEPTH}] * {_load(a.k.load)};")

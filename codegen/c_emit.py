@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..ir.dtypes import DType, accumulator
-from ..ir.ops import ELEMENTWISE, Op
+from ..ir.ops import ELEMENTWISE, Op, lowest
 from ..ir.symbolic import Call, Expr
 from .kernel import (Apply, Bind, Const, InRange, IndexValue, Kernel, KernelConfig, Load, Reduce,
                      Scalar, free_vars, renamed, staged_rows)
@@ -16,8 +18,7 @@ STORAGE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DT
 COMPUTE = {**STORAGE, DType.F16: "float", DType.BF16: "float"}
 _UNSIGNED = {DType.I32: "uint32_t", DType.I64: "uint64_t"}
 _STAGING_LEVEL = 1000        # the loop levels of staging loops, past any kernel's own
-LOWEST = {DType.I32: "INT32_MIN", DType.I64: "INT64_MIN", DType.BOOL: "false"}   # MaxReduce's start;
-# floats start at -INFINITY
+_MIN_MACRO = {DType.I32: "INT32_MIN", DType.I64: "INT64_MIN"}   # -2^63 has no literal in C
 
 # helpers both dialects share, written once: KILN_FN is each dialect's inline function prefix
 SHARED_HELPERS = r"""
@@ -59,44 +60,65 @@ static inline float kiln_f16_round(float f) { return kiln_f16_load(kiln_f16_stor
 static inline bool kiln_f2bool(float f) { return f != 0; }
 """
 
-_UNARY_F32 = {Op.EXP2: "exp2f({0})", Op.LOG2: "log2f({0})", Op.SIN: "sinf({0})",
-              Op.SQRT: "sqrtf({0})", Op.RECIP: "(1.0f / {0})"}
+def _wrapping(sign: str, dtype: DType, a: str, b: str) -> str:
+    """Integers wrap around as numpy's do: unsigned arithmetic, since signed overflow is undefined
+    in C and gcc folds (x + 1 < x) to false."""
+    u = _UNSIGNED[dtype]
+    return f"(({STORAGE[dtype]})(({u}){a} {sign} ({u}){b}))"
+
+
+def _cast(dtype: DType, operand: DType, a: str) -> str:
+    """The meaning: ir/ops.py cast_array."""
+    if dtype is DType.BOOL:
+        return f"kiln_f2bool({a})" if operand.is_float else f"({a} != 0)"
+    if dtype.is_int and operand.is_float:
+        return f"kiln_f2{dtype.value}({a})"
+    return f"(({COMPUTE[dtype]})({a}))"    # to f16/bf16 through f32: the caller rounds again
+
+
+# C for each elementwise op of ir/ops.py: (result dtype, first data input's dtype, arguments);
+# both dialects share it (tests/test_codegen_c.py checks that every elementwise op has a row)
+OP_CODE = {
+    Op.EXP2: lambda d, o, x: f"exp2f({x[0]})",
+    Op.LOG2: lambda d, o, x: f"log2f({x[0]})",
+    Op.SIN: lambda d, o, x: f"sinf({x[0]})",
+    Op.SQRT: lambda d, o, x: f"sqrtf({x[0]})",
+    Op.RECIP: lambda d, o, x: f"(1.0f / {x[0]})",
+    Op.ADD: lambda d, o, x: (_wrapping("+", d, *x) if d.is_int else
+                             f"({x[0]} || {x[1]})" if d is DType.BOOL else f"({x[0]} + {x[1]})"),
+    Op.MUL: lambda d, o, x: (_wrapping("*", d, *x) if d.is_int else
+                             f"({x[0]} && {x[1]})" if d is DType.BOOL else f"({x[0]} * {x[1]})"),
+    # numpy's fmod gives 0 for x % 0; x % -1 is 0 too, but INT_MIN % -1 traps in C
+    Op.MOD: lambda d, o, x: (f"fmodf({x[0]}, {x[1]})" if o.is_float else
+                             f"({x[1]} == 0 || {x[1]} == -1 ? 0 : {x[0]} % {x[1]})"),
+    Op.LESS_THAN: lambda d, o, x: f"({x[0]} < {x[1]})",
+    Op.WHERE: lambda d, o, x: f"({x[0]} ? {x[1]} : {x[2]})",
+    Op.CAST: lambda d, o, x: _cast(d, o, x[0]),
+}
 
 
 def op_code(op: Op, dtype: DType, operand: DType, args: list[str]) -> str:
     """C for one elementwise op; `operand` is the type of its (first data) input."""
-    if op in _UNARY_F32:
-        return _UNARY_F32[op].format(*args)
-    a, b = args[0], args[-1]
-    if op in (Op.ADD, Op.MUL) and dtype.is_int:
-        # integers wrap around as numpy's do: unsigned arithmetic, since signed overflow is
-        # undefined in C and gcc folds (x + 1 < x) to false
-        u = _UNSIGNED[dtype]
-        return f"(({STORAGE[dtype]})(({u}){a} {'+' if op is Op.ADD else '*'} ({u}){b}))"
-    if op is Op.ADD:
-        return f"({a} || {b})" if dtype is DType.BOOL else f"({a} + {b})"
-    if op is Op.MUL:
-        return f"({a} && {b})" if dtype is DType.BOOL else f"({a} * {b})"
-    if op is Op.MOD:
-        # numpy's fmod gives 0 for x % 0; x % -1 is 0 too, but INT_MIN % -1 traps in C
-        return f"fmodf({a}, {b})" if operand.is_float else f"({b} == 0 || {b} == -1 ? 0 : {a} % {b})"
-    if op is Op.LESS_THAN:
-        return f"({a} < {b})"
-    if op is Op.WHERE:
-        return f"({args[0]} ? {args[1]} : {args[2]})"
-    if op is Op.CAST:     # the meaning: ir/ops.py cast_array
-        if dtype is DType.BOOL:
-            return f"kiln_f2bool({a})" if operand.is_float else f"({a} != 0)"
-        if dtype.is_int and operand.is_float:
-            return f"kiln_f2{dtype.value}({a})"
-        return f"(({COMPUTE[dtype]})({a}))"    # to f16/bf16 through f32: the caller rounds again
-    raise NotImplementedError(f"no C for {op.value}")
+    if op not in OP_CODE:
+        raise NotImplementedError(f"no C for {op.value}")
+    return OP_CODE[op](dtype, operand, args)
+
+
+def reduction_accumulator(r: Reduce) -> tuple[str, str, str]:
+    """(C type, start, combine) of a reduction's accumulator, for every emitter: `combine` formats
+    {a}, the running value, and {b}, one more, into the next (a max keeps a NaN, as numpy's does)."""
+    if r.op is Op.SUM_REDUCE:
+        return COMPUTE[accumulator(r.dtype)], "0", "{a} + {b}"
+    return (COMPUTE[r.body.dtype], literal(lowest(r.dtype.np), r.dtype),
+            "(({b}) > ({a}) || ({b}) != ({b})) ? ({b}) : ({a})")
 
 
 def literal(value, dtype: DType) -> str:
     if dtype is DType.BOOL:
         return "true" if value else "false"
     if dtype.is_int:
+        if dtype in _MIN_MACRO and int(value) == np.iinfo(dtype.np).min:
+            return _MIN_MACRO[dtype]
         return f"INT64_C({int(value)})" if dtype is DType.I64 else f"{int(value)}"
     value = float(value)
     if math.isnan(value):
@@ -309,15 +331,11 @@ class _Body:
         accs, updates = [], []
         for r, value in zip(group, values):
             self.count += 1
-            acc, acc_type = f"acc{self.count}", COMPUTE[accumulator(r.dtype)]
-            if r.op is Op.SUM_REDUCE:
-                init, update = "0", f"{acc} += ({acc_type}){value};"
-            else:
-                init, acc_type = LOWEST.get(r.dtype, "-INFINITY"), COMPUTE[r.body.dtype]
-                update = f"{acc} = ({value} > {acc} || {value} != {value}) ? {value} : {acc};"
+            acc = f"acc{self.count}"
+            acc_type, init, combine = reduction_accumulator(r)
             block.append(f"{acc_type} {acc} = {init};")
             accs.append(acc)
-            updates.append(update)
+            updates.append(f"{acc} = {combine.format(a=acc, b=f'({acc_type}){value}')};")
         block.extend(self.loop_pragmas(group, accs))
         block.append(f"for (int64_t {s.var} = 0; {s.var} < {index_code(s.extent)}; {s.var}++) {{")
         block.extend("  " + line for line in inner)

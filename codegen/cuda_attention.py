@@ -76,8 +76,8 @@ def emit_cuda_attention(a: Attention, config: AttentionConfig, name: str) -> str
     accs = {r: f"kiln_g{i}" for i, r in enumerate(a.guards)}
     body.append(f"float kiln_o[{depth // 8}][4] = {{}}, kiln_m[2] = {{-INFINITY, -INFINITY}}, kiln_l[2] = {{0.0f, 0.0f}};")
     for r, acc in accs.items():
-        start = guard_start(r)
-        body.append(f"{COMPUTE[r.dtype]} {acc}[2] = {{{start}, {start}}};")
+        acc_type, start = guard_start(r)
+        body.append(f"{acc_type} {acc}[2] = {{{start}, {start}}};")
     body.append("int kiln_buf = 0;")
     body += _stage(a, config, pitch, "0", "0")
     body.append("kiln_commit();")
@@ -264,7 +264,7 @@ def _finish(a: Attention, accs: dict) -> list[str]:
             other = f"__shfl_xor_sync(0xffffffffu, {acc}[kiln_r], {lane})"
             if r.dtype is DType.BOOL:
                 other = f"(bool)__shfl_xor_sync(0xffffffffu, (int){acc}[kiln_r], {lane})"
-            lines.append(f"  {{ const {COMPUTE[r.dtype]} kiln_gv = {other}; {guard_update(r, f'{acc}[kiln_r]', 'kiln_gv')} }}")
+            lines.append(f"  {{ const {guard_start(r)[0]} kiln_gv = {other}; {guard_update(r, f'{acc}[kiln_r]', 'kiln_gv')} }}")
     lines.append("}")
     dtype = a.kernel.output.dtype
     rows = {r: f"{acc}[kiln_c >> 1]" for r, acc in accs.items()}

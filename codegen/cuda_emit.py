@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..ir.dtypes import DType, accumulator
-from ..ir.ops import Op
 from ..ir.symbolic import Expr, sym
-from .c_emit import COMPUTE, LOWEST, SHARED_HELPERS, STORAGE, _Body, _inside, index_code, store_code
+from .c_emit import (COMPUTE, SHARED_HELPERS, STORAGE, _Body, _inside, index_code, reduction_accumulator,
+                     store_code)
 from .index import stride, substitute
 from .kernel import (Kernel, Load, Reduce, Scalar, free_vars, renamed, row_reductions, split_reductions,
                      staged_rows)
@@ -351,12 +351,7 @@ class _CudaBody(_Body):
         for r, value in zip(members, values):
             self.count += 1
             acc = f"acc{self.count}"
-            acc_type = COMPUTE[accumulator(r.dtype)] if r.op is Op.SUM_REDUCE else COMPUTE[r.body.dtype]
-            if r.op is Op.SUM_REDUCE:
-                init, combine = "0", "{a} + {b}"
-            else:
-                init = LOWEST.get(r.dtype, "-INFINITY")
-                combine = "(({b}) > ({a}) || ({b}) != ({b})) ? ({b}) : ({a})"
+            acc_type, init, combine = reduction_accumulator(r)
             block.append(f"{acc_type} {acc} = {init};")
             accs.append((acc, acc_type))
             updates.append(f"{acc} = {combine.format(a=acc, b=f'({acc_type}){value}')};")

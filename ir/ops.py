@@ -298,7 +298,7 @@ def _elementwise(fn: Callable[..., np.ndarray]):
     return evaluate
 
 
-def _lowest(dtype: np.dtype):
+def lowest(dtype: np.dtype):
     """MaxReduce's identity: what an empty axis reduces to, as a kernel's initial value would."""
     if dtype == np.bool_:
         return False
@@ -309,7 +309,7 @@ def _reduce(fn: Callable[..., np.ndarray]):
     def evaluate(ctx: EvalCtx, x: np.ndarray) -> np.ndarray:
         acc = accumulator(ctx.dtype).np if fn is np.sum else x.dtype
         axis = ctx.attrs["axis"]
-        extra = {"initial": _lowest(x.dtype)} if fn is np.max and x.shape[axis] == 0 else {}
+        extra = {"initial": lowest(x.dtype)} if fn is np.max and x.shape[axis] == 0 else {}
         return np.asarray(fn(x.astype(acc, copy=False), axis=axis, **extra)).astype(ctx.dtype.np)
     return evaluate
 

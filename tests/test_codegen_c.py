@@ -546,3 +546,11 @@ def test_traffic_of_a_gather_counts_the_rows_it_picks_not_the_table():
     (kernel,) = schedule(g, POLICIES[0]).kernels
     # 3 rows of 16 f32 written, the same 3 rows read, 3 int64 indices read
     assert traffic_bytes(kernel, {}) == 3 * 16 * 4 + 3 * 16 * 4 + 3 * 8
+
+
+def test_every_elementwise_op_of_the_table_has_its_c():
+    """The emitters' per-op code is a table keyed by the op table's ops: an op added to ir/ops.py
+    without its C fails here, not in the first model that uses it."""
+    from kiln.codegen.c_emit import OP_CODE
+    from kiln.ir.ops import ELEMENTWISE
+    assert set(OP_CODE) == set(ELEMENTWISE)
