@@ -402,8 +402,9 @@ OPS: dict[Op, OpSpec] = {s.op: s for s in [
           lambda ctx, *xs: np.concatenate(xs, axis=ctx.attrs["axis"])),
 ]}
 
-UNARY = frozenset(op for op, s in OPS.items() if s.kind is Kind.UNARY)
-BINARY = frozenset(op for op, s in OPS.items() if s.kind is Kind.BINARY)
-ELEMENTWISE = UNARY | BINARY | {Op.WHERE, Op.CAST}
+# in the table's order (a fuzzer's draws stay reproducible)
+UNARY = tuple(op for op, s in OPS.items() if s.kind is Kind.UNARY)
+BINARY = tuple(op for op, s in OPS.items() if s.kind is Kind.BINARY)
+ELEMENTWISE = frozenset((*UNARY, *BINARY, Op.WHERE, Op.CAST))
 REDUCE = frozenset(op for op, s in OPS.items() if s.kind is Kind.REDUCE)
 VIEWS = frozenset(op for op, s in OPS.items() if s.kind is Kind.VIEW)

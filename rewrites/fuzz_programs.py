@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from ..ir import DType, Graph, KilnTypeError, Node, Op, ShapeError, build, evaluate, toposort
+from ..ir.ops import UNARY
 from ..ir.printer import format_graph
 from ..ir.symbolic import Expr, fmt_shape, prod, sym
 
@@ -33,7 +34,6 @@ CONSTANTS = {  # values rules are about: identities first, then others an unsoun
 }
 IDENTITIES = {"float": (0.0, 1.0, -1.0), "int": (0, 1, -1), "bool": (False, True)}
 PAD_VALUES = {"float": (0.0, -math.inf, 1.0), "int": (0, -1), "bool": (False,)}
-UNARY = [Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP]
 INVERSE = {Op.EXP2: Op.LOG2, Op.LOG2: Op.EXP2, Op.RECIP: Op.RECIP, Op.SQRT: Op.RECIP, Op.SIN: Op.SIN}
 LOG2E = 1.4426950408889634   # the frontend's exp(x) is exp2(x * log2 e)
 _BUILD_ERRORS = (ShapeError, KilnTypeError, ValueError, IndexError, KeyError)

@@ -5,8 +5,9 @@ Only rules that need no shape arithmetic are here. A binary op is pulled through
 both operands go through the same Permute (equal shapes follow); through the same Reshape or
 Expand the operands' shapes could differ, which needs a shape analysis first.
 """
-from ..search.dsl import (add, dims, exp2, expand, log2, mul, permute, perms, recip, reshape, rewrites, sin,
-                          sqrt, terms)
+from ..ir.ops import UNARY
+from ..search.dsl import add, dims, expand, mul, permute, perms, reshape, rewrites, terms
+from ..search.language import CONSTRUCTORS
 
 STAGE = "views"
 
@@ -14,7 +15,6 @@ a, b, x = terms("a b x")
 s, t = dims("s t")
 (p,) = perms("p")
 
-UNARY = {"exp2": exp2, "log2": log2, "sin": sin, "sqrt": sqrt, "recip": recip}
 VIEWS = {"reshape": reshape, "expand": expand, "permute": permute}
 
 RULES = rewrites("views", [
@@ -25,7 +25,7 @@ RULES = rewrites("views", [
     # elementwise unary ops commute with any view
     *[(f"{op}-through-{view}", f"{op}({view}(x)) = {view}({op}(x))",
        fn(v(x, s if view != "permute" else p)), v(fn(x), s if view != "permute" else p))
-      for op, fn in UNARY.items() for view, v in VIEWS.items()],
+      for op, fn in ((op.value.lower(), CONSTRUCTORS[op]) for op in UNARY) for view, v in VIEWS.items()],
     ("add-through-permute", "permute(a, p) + permute(b, p) = permute(a + b, p)",
      add(permute(a, p), permute(b, p)), permute(add(a, b), p)),
     ("mul-through-permute", "permute(a, p) * permute(b, p) = permute(a * b, p)",

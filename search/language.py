@@ -11,7 +11,7 @@ from enum import Enum
 
 from egglog import Expr, StringLike, Vec, function, i64, i64Like
 
-from ..ir.ops import Op
+from ..ir.ops import BINARY, UNARY, Op
 
 
 class Dim(Expr, egg_sort="Dim"):
@@ -45,8 +45,8 @@ class Field(Enum):
 T, I = Field.TERM, Field.INT
 # per op: (IR attribute or "" for an input, field kind) in constructor argument order
 FIELDS: dict[Op, tuple[tuple[str, Field], ...]] = {
-    **{op: (("", T),) for op in (Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP)},
-    **{op: (("", T), ("", T)) for op in (Op.ADD, Op.MUL, Op.MOD, Op.LESS_THAN)},
+    **{op: (("", T),) for op in UNARY},
+    **{op: (("", T), ("", T)) for op in BINARY},
     Op.WHERE: (("", T), ("", T), ("", T)),
     Op.SUM_REDUCE: (("", T), ("axis", I)),
     Op.MAX_REDUCE: (("", T), ("axis", I)),
