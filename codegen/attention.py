@@ -6,6 +6,8 @@ as the loop nest it reads as (which would compute every score once per output el
 
     out[rows, d] = [cast] Σ_j P(j) · v(j, d)
     P(j)         = [where(G, fill,] E(j) · recip(Σ_j' E(j'))[)]
+                   or, normalized after the product (the rule softmax-normalize-after-pv):
+    out[rows, d] = [cast] (Σ_j [where(G, 0,] E(j)[)] · v(j, d)) · [where(G, 0,] recip(Σ_j' E(j'))[)]
     E(j)         = exp2((X(j) - max_j' X(j')) · L),  L > 0
     X(j)         = any elementwise expression of S(j) and loads over (rows, j)
     S(j)         = Σ_k q(rows, k) · k(rows, j, k),  each operand an f16/bf16 load, maybe scaled
@@ -115,6 +117,9 @@ def _match(kernel: Kernel) -> Attention:
     value, cast = kernel.value, None
     if isinstance(value, Apply) and value.op is Op.CAST:
         value, cast = value.args[0], value.dtype
+    row_factor = None       # normalized after the product: (Σ_j E(j)·v) · recip(Σ_j E(j))
+    if isinstance(value, Apply) and value.op is Op.MUL:
+        value, row_factor = _pick(value.args, lambda x: isinstance(x, Reduce))
     _need(isinstance(value, Reduce) and value.op is Op.SUM_REDUCE and isinstance(value.body, Apply)
           and value.body.op is Op.MUL and value.dtype is DType.F32)
     keys = value.extent
@@ -134,8 +139,12 @@ def _match(kernel: Kernel) -> Attention:
     if isinstance(p, Apply) and p.op is Op.WHERE:
         guard, fill, p = p.args
         _need(isinstance(fill, Const) and guard.dtype is DType.BOOL)
-    _need(isinstance(p, Apply) and p.op is Op.MUL)
-    denominator, e = _pick(p.args, lambda x: isinstance(x, Apply) and x.op is Op.RECIP)
+    if row_factor is None:
+        _need(isinstance(p, Apply) and p.op is Op.MUL)
+        denominator, e = _pick(p.args, lambda x: isinstance(x, Apply) and x.op is Op.RECIP)
+    else:
+        denominator, e = _normalized_after(row_factor, guard, fill, memo, rows, kernel.symbols), p
+    _need(isinstance(denominator, Apply) and denominator.op is Op.RECIP)
     total = denominator.args[0]
     _need(isinstance(total, Reduce) and total.op is Op.SUM_REDUCE and total.extent == keys
           and _same(renamed(total.body, {total.var: KEY}), e))
@@ -153,6 +162,18 @@ def _match(kernel: Kernel) -> Attention:
     guards = _guards(guard, keys, score) if guard is not None else ()
     return Attention(kernel, query, tuple(x for x in rows if x != query), d, keys, depth.value, q, k,
                      v, score, logit, _masked_part(logit, score), exponent, guards, guard, fill, cast)
+
+
+def _normalized_after(factor: Scalar, guard: Scalar | None, fill: Scalar | None, memo: dict, rows,
+                      symbols) -> Scalar:
+    """The row factor of softmax normalized after P·V (the rule softmax-normalize-after-pv): per
+    row, and guarded as the weights are, with zeros on both sides (so that (Σ 0·v)·0 is the fill)."""
+    _need(not free_vars(factor, memo) - set(rows) - set(symbols))
+    if guard is None:
+        return factor
+    _need(isinstance(factor, Apply) and factor.op is Op.WHERE and _same(factor.args[0], guard)
+          and factor.args[1] == fill and float(fill.value) == 0.0)
+    return factor.args[2]
 
 
 def _pick(pair, test) -> tuple[Scalar, Scalar]:

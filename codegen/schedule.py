@@ -186,26 +186,32 @@ class _Scheduler:
         for node in self.order:
             if id(node) not in roots or node.op is not Op.SUM_REDUCE:
                 continue
-            wide, narrow = self._wide_behind(node, roots)
-            if not wide or wide & outputs:
-                continue
-            trial = (roots - wide) | narrow
-            if any(self._reader_kernels(w, trial) != [node] for w in self.order if id(w) in wide):
-                continue
-            if as_attention(self._trial_kernel(node, trial)) is None:
-                continue
-            roots = trial
-            # and its epilogue (attention's cast, permuted), where one elementwise kernel reads it
-            readers = self._reader_kernels(node, roots - {id(node)})
-            if (id(node) not in outputs and len(readers) == 1 and readers[0].op not in REDUCE
-                    and as_attention(self._trial_kernel(readers[0], roots - {id(node)})) is not None):
-                roots = roots - {id(node)}
+            # with its epilogue (attention's cast, permuted; or the row factor softmax normalizes
+            # by after the product) where one elementwise kernel reads it, else alone
+            readers = self._reader_kernels(node, roots)
+            epilogue = [readers[0]] if (id(node) not in outputs and len(readers) == 1
+                                        and readers[0].op not in REDUCE) else []
+            for root in (*epilogue, node):
+                wide, narrow = self._wide_behind(root, roots)
+                if not wide or wide & outputs:
+                    continue
+                trial = (roots - wide) | narrow
+                if any(self._reader_kernels(w, trial) != [root] for w in self.order if id(w) in wide):
+                    continue
+                if as_attention(self._trial_kernel(root, trial)) is not None:
+                    roots = trial
+                    break
         return roots
 
     def _wide_behind(self, root: Node, roots: set[int]) -> tuple[set[int], set[int]]:
         """The kernels (roots) `root` reads, directly or through others, that hold no 16-bit value,
-        stopping at 16-bit values: those (the first node past views) are the second set."""
-        wide, narrow, seen, stack = set(), set(), set(), list(root.inputs)
+        stopping at 16-bit values: those (the first node past views) are the second set. The
+        root's own views and casts (its store's rounding) are its, not a boundary."""
+        start = root
+        while start.op in VIEWS or start.op is Op.CAST:
+            start = start.inputs[0]
+        wide, narrow, seen = set(), set(), set()
+        stack = list(root.inputs) if start is root else [start]
         while stack:
             node = stack.pop()
             if id(node) in seen or node.op in (Op.INPUT, Op.CONSTANT, Op.IOTA):

@@ -154,3 +154,32 @@ def test_fused_attention_of_random_sdpa_equals_the_interpreter_and_pytorch(seed)
     assert not mismatch(got, want, tolerance([inputs[0].dtype]))
     eager = module(*args).float().numpy()
     np.testing.assert_allclose(np.asarray(got, np.float32), eager, rtol=2e-2, atol=2e-2)
+
+
+class NormalizedAfter(torch.nn.Module):
+    """Attention normalized after the product, as flash attention orders it (and as the rule
+    softmax-normalize-after-pv rewrites the lowered softmax): (Σ_j e_j v_j) / Σ_j e_j."""
+
+    def forward(self, q, k, v, mask):
+        s = (q.float() @ k.float().transpose(-1, -2)) * 0.125 + mask
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        return ((e @ v.float()) / e.sum(-1, keepdim=True)).to(q.dtype)
+
+
+def normalized_after_case():
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 40, 64, generator=gen).to(torch.bfloat16) for _ in range(3))
+    return NormalizedAfter(), (q, k, v, torch.triu(torch.full((40, 40), float("-inf")), 1))
+
+
+def test_attention_normalized_after_the_product_is_one_fused_kernel_too():
+    module, args = normalized_after_case()
+    graph = lower(module, args)
+    program = schedule(graph, POLICIES[ATTENTION])
+    assert len(program.kernels) == 1 and as_attention(program.kernels[0])
+    inputs = [to_numpy(a) for a in args]
+    backend = CpuBackend()
+    got = Executor(graph, program, [backend.default_config(program.kernels[0])], backend).host_outputs(*inputs)[0]
+    assert not mismatch(got, run(graph, inputs)[0], tolerance([inputs[0].dtype]))
+    np.testing.assert_allclose(np.asarray(got, np.float32), module(*args).float().numpy(),
+                               rtol=2e-2, atol=2e-2)

@@ -438,25 +438,32 @@ def test_fused_attention_of_each_tiling_equals_the_interpreter(length):
             assert not problem, f"{kernel.label} [{config.key()}]: {problem}"
 
 
-def sdpa_graph(seed: int):
-    """A random attention (tests/test_attention.py's sdpa_case) lowered here, or, where this
-    torch cannot export it, as save_tiny_cases saved it."""
+def attention_cases() -> dict:
+    """tests/test_attention.py's attentions by name: the random sdpa modules, and one normalized
+    after the product."""
+    from tests.test_attention import normalized_after_case, sdpa_case
+    return {**{f"sdpa-{seed}": lambda seed=seed: sdpa_case(seed) for seed in range(16)},
+            "normalized-after": normalized_after_case}
+
+
+def attention_graph(name: str):
+    """An attention of attention_cases lowered here, or, where this torch cannot export it, as
+    save_tiny_cases saved it."""
     from kiln.frontend.lower import lower
     from kiln.ir.serialize import graph_from_json
-    from tests.test_attention import sdpa_case
-    module, args = sdpa_case(seed)
+    module, args = attention_cases()[name]()
     try:
         return lower(module, args), module, args
     except kiln.ExportError:
         saved = os.environ.get("KILN_TEST_LOWERED")
         if not saved:
-            pytest.skip("this torch cannot export scaled_dot_product_attention; set KILN_TEST_LOWERED")
-        return graph_from_json(json.loads((Path(saved) / f"sdpa-{seed}.json").read_text())), module, args
+            pytest.skip("this torch cannot export the attention; set KILN_TEST_LOWERED")
+        return graph_from_json(json.loads((Path(saved) / f"{name}.json").read_text())), module, args
 
 
-@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("name", [*(f"sdpa-{seed}" for seed in range(16)), "normalized-after"])
 @needs_gpu
-def test_fused_attention_of_random_sdpa_on_tensor_cores_equals_the_interpreter(seed):
+def test_fused_attention_of_random_sdpa_on_tensor_cores_equals_the_interpreter(name):
     """The fuzzed attentions of test_attention.py under every tiling of the tensor-core pass: the
     interpreter's output within the 16-bit type's tolerance, PyTorch's within 2e-2."""
     from kiln.codegen.attention import as_attention
@@ -465,7 +472,7 @@ def test_fused_attention_of_random_sdpa_on_tensor_cores_equals_the_interpreter(s
     from kiln.ir.compare import mismatch, tolerance
     from kiln.runtime.cuda import CudaBackend
     from kiln.runtime.executor import Executor
-    graph, module, args = sdpa_graph(seed)
+    graph, module, args = attention_graph(name)
     program = schedule(graph, POLICIES["inline12-bcast1-rows-attention"])
     fused = program.kernels[-1]
     assert as_attention(fused)
@@ -600,8 +607,7 @@ def save_tiny_cases(folder: str) -> None:
     Path(folder).mkdir(parents=True, exist_ok=True)
     from kiln.frontend.lower import lower
     from kiln.ir.serialize import graph_to_json
-    from tests.test_attention import sdpa_case
     for tag, (_, _, _, max_seq, _) in TINY_CASES.items():
         save_lowered(lower_causal_lm(tiny_model(tag), max_seq), str(Path(folder) / tag))
-    for seed in range(16):
-        (Path(folder) / f"sdpa-{seed}.json").write_text(json.dumps(graph_to_json(lower(*sdpa_case(seed)))))
+    for name, case in attention_cases().items():
+        (Path(folder) / f"{name}.json").write_text(json.dumps(graph_to_json(lower(*case()))))
