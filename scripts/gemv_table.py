@@ -8,7 +8,6 @@ many bytes pays too: that is its ceiling in this launch mode.
 Usage on the GPU machine: python3 scripts/gemv_table.py  (prints the table; JSON to $OUT/gemv.json)"""
 import json
 import os
-import time
 
 import cupy as cp
 import numpy as np
@@ -21,11 +20,10 @@ from kiln.frontend.lowerings.reductions import matmul
 from kiln.ir.build import permute
 from kiln.ir.symbolic import shape_of
 from kiln.runtime.cuda import CudaBackend
+from kernel_timing import bf16_bits, from_bits, graph_seconds, torch_graph_seconds
 
 SHAPES = ((2048, 2048), (512, 2048), (8192, 2048), (2048, 8192), (128256, 2048))   # (N, K)
 ROTATIONS_BYTES = 2e9        # weight copies per graph: enough to overflow the L2 many times over
-REPLAYS = 15
-WARM_UP_S = 0.3          # replays first: an idle H200 runs at 345 MHz
 
 
 def gemv_kernel(n: int, k: int):
@@ -37,61 +35,6 @@ def gemv_kernel(n: int, k: int):
     # the product's kernel; a graph output's cast to bf16 is a kernel of its own here, where in a
     # model it is read by the next kernel
     return schedule(graph).kernels[0]
-
-
-def graph_seconds(launch, rotations: int) -> float:
-    """Seconds per launch: a CUDA graph of one launch per rotation, replayed (the median, by CUDA
-    events), after replays enough to bring the clocks up from idle."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        launch(0)
-        stream.begin_capture()
-        for r in range(rotations):
-            launch(r)
-        graph = stream.end_capture()
-
-    def timed() -> float:
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record(stream)
-        graph.launch(stream)
-        end.record(stream)
-        end.synchronize()
-        return cp.cuda.get_elapsed_time(start, end) / 1e3
-    return _per_launch(timed, rotations)
-
-
-def torch_graph_seconds(launch, rotations: int) -> float:
-    """The same for launches torch makes (its own graph capture: CuPy's does not see its stream)."""
-    launch(0)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for r in range(rotations):
-            launch(r)
-
-    def timed() -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    return _per_launch(timed, rotations)
-
-
-def _per_launch(timed, rotations: int) -> float:
-    begin = time.perf_counter()
-    while time.perf_counter() - begin < WARM_UP_S:
-        timed()
-    return float(np.median([timed() for _ in range(REPLAYS)])) / rotations
-
-
-def bf16_bits(a: np.ndarray) -> np.ndarray:
-    return (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-
-
-def from_bits(bits) -> np.ndarray:
-    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
 
 
 def main():

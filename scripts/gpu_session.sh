@@ -3,7 +3,7 @@
 # diagnostics of small lowered models, then the side-by-side bench on the lowered Llama-3.2-1B
 # (arguments go to `kiln bench gpu`). Logs under $OUT. The tuning database lives in build/ (kept
 # while the machine stays warm), so a second call re-measures nothing.
-#   STEPS="tests debug compile bench gemv long smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
+#   STEPS="tests debug compile bench gemv attention ncu long smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
 #   tests), TEST_TIMEOUT (each test),
 #   DEBUG_TIMEOUT, BENCH_TIMEOUT, LONG_TIMEOUT, CLI_TIMEOUT in seconds. `long` times decode as the
 #   context grows, from its own empty database, on lowered/llama1b-4096 (`kiln lower llama-3.2-1b
@@ -51,6 +51,18 @@ if [[ $steps == *bench* ]]; then
 fi
 if [[ $steps == *gemv* ]]; then    # the per-kernel GEMV table: every template configuration, cuBLAS, copy
   timeout "${GEMV_TIMEOUT:-300}" python3 scripts/gemv_table.py 2>&1 | grep -v Warning | tee "$out/gemv.log" | tail -30
+fi
+if [[ $steps == *attention* ]]; then   # the per-kernel attention table: every tiling, torch's sdpa
+  timeout "${ATTENTION_TIMEOUT:-240}" python3 scripts/attention_table.py lowered/llama1b-4096 2>&1 | grep -v Warning \
+    | tee "$out/attention.log" | tail -30
+fi
+if [[ $steps == *ncu* ]]; then   # where the fused attention's time goes: warp stalls, one launch of it and of flash's
+  for kernel in "regex:^k_" "regex:flash"; do
+    ATTENTION_LENGTHS=${NCU_LENGTH:-512} timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none -k "$kernel" --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+      --section ComputeWorkloadAnalysis --section InstructionStats python3 scripts/attention_table.py lowered/llama1b-4096 \
+      2>&1 | grep -v Warning | tee -a "$out/ncu.txt" | tail -80
+  done
 fi
 if [[ $steps == *long* ]]; then
   timeout "${LONG_TIMEOUT:-420}" python3 -m kiln.cli bench gpu --lowered lowered/llama1b-4096 --max-seq 4096 \
