@@ -84,6 +84,7 @@ class Attention:
     score: Reduce                   # S, its variables KEY and DEPTH
     logit: Scalar                   # X
     masked_part: Scalar | None      # B, where X = A(S) + B and B does not read S
+    score_factor: float | None      # c, where moreover A(S) = c·S
     exponent: float                 # L
     guards: tuple[Reduce, ...]      # G's reductions over KEY
     guard: Scalar | None            # G
@@ -161,7 +162,7 @@ def _match(kernel: Kernel) -> Attention:
     query = queries[-1]
     guards = _guards(guard, keys, score) if guard is not None else ()
     return Attention(kernel, query, tuple(x for x in rows if x != query), d, keys, depth.value, q, k,
-                     v, score, logit, _masked_part(logit, score), exponent, guards, guard, fill, cast)
+                     v, score, logit, *_masked_part(logit, score), exponent, guards, guard, fill, cast)
 
 
 def _normalized_after(factor: Scalar, guard: Scalar | None, fill: Scalar | None, memo: dict, rows,
@@ -299,15 +300,22 @@ def _guards(guard: Scalar, keys: Expr, score: Reduce) -> tuple[Reduce, ...]:
     return tuple(out)
 
 
-def _masked_part(logit: Scalar, score: Reduce) -> Scalar | None:
-    """B where X = A + B, A reading S and B not (the mask): X is -inf wherever B is, at any
-    finite S."""
+def _masked_part(logit: Scalar, score: Reduce) -> tuple[Scalar | None, float | None]:
+    """(B, c) where X = A + B, A reading S and B not (the mask), and A = c·S where it is (else c
+    is None): X is -inf wherever B is, at any finite S."""
     if not (isinstance(logit, Apply) and logit.op is Op.ADD):
-        return None
+        return None, None
     reads = [bool(_reductions(a)) for a in logit.args]
     if reads.count(True) != 1:
-        return None
-    return logit.args[reads.index(False)]
+        return None, None
+    part, factor = logit.args[reads.index(False)], logit.args[reads.index(True)]
+    if factor == score:
+        return part, 1.0
+    if isinstance(factor, Apply) and factor.op is Op.MUL and score in factor.args:
+        constant = factor.args[1] if factor.args[0] == score else factor.args[0]
+        if isinstance(constant, Const):
+            return part, float(constant.value)
+    return part, None
 
 
 # --- rendering the pointwise pieces ----------------------------------------------------------

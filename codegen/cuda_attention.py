@@ -13,7 +13,7 @@ from ..ir.ops import Op
 from .attention import (DEPTH, KEY, SCORE, Attention, AttentionConfig, _output, as_attention,
                         guard_body, guard_start, guard_update, snippet)
 from .c_emit import COMPUTE, STORAGE, index_code, literal, store_code
-from .kernel import Kernel, Load
+from .kernel import Kernel, Load, Reduce
 
 _MMA = {DType.BF16: "bf16", DType.F16: "f16"}
 _PAD = 8          # halves past each staged row: rows 16 bytes apart modulo 128, no bank conflicts
@@ -73,6 +73,8 @@ def emit_cuda_attention(a: Attention, config: AttentionConfig, name: str) -> str
              f"(uint32_t){_raw(a.q.load)} | ((uint32_t){_raw(a.q.load, 1)} << 16) : 0u;",
              "  }",
              "}"]
+    if _faint_skip(a):
+        body += _query_norms(a)
     accs = {r: f"kiln_g{i}" for i, r in enumerate(a.guards)}
     body.append(f"float kiln_o[{depth // 8}][4] = {{}}, kiln_m[2] = {{-INFINITY, -INFINITY}}, kiln_l[2] = {{0.0f, 0.0f}};")
     for r, acc in accs.items():
@@ -81,6 +83,9 @@ def emit_cuda_attention(a: Attention, config: AttentionConfig, name: str) -> str
     body.append("int kiln_buf = 0;")
     body += _stage(a, config, pitch, "0", "0")
     body.append("kiln_commit();")
+    if a.masked_part is not None:
+        body.append(f"float kiln_bv[{tile // 2}];")
+        body += masked_loads(a, tile, "0", "kiln_bv")
     body.append(f"for (int64_t kiln_j0 = 0; kiln_j0 < kiln_nk; kiln_j0 += {tile}) {{")
     body += ["  " + line for line in _tile(a, config, pitch, accs)]
     body.append("}")
@@ -95,17 +100,37 @@ def _raw(load, offset: int = 0) -> str:
     return f"{load.buffer}[{index_code(load.index)}{f' + {offset}' if offset else ''}]"
 
 
-def _elements(tile: int, lines: list[str]) -> list[str]:
-    """`lines` for each accumulator element a lane holds in a tile: element e of n-block e >> 2,
-    at row g + ((e >> 1) & 1) * 8 and key 2t + (e & 1) of the block (kiln_r: which of the lane's
-    two rows)."""
+def _elements(tile: int, lines: list[str], first: str = "kiln_j0") -> list[str]:
+    """`lines` for each accumulator element a lane holds in the tile starting at key `first`:
+    element e of n-block e >> 2, at row g + ((e >> 1) & 1) * 8 and key 2t + (e & 1) of the block
+    (kiln_r: which of the lane's two rows)."""
     return ["#pragma unroll",
             f"for (int kiln_e = 0; kiln_e < {tile // 2}; kiln_e++) {{",
             "  const int kiln_nb = kiln_e >> 2, kiln_c = kiln_e & 3, kiln_r = kiln_c >> 1;",
             "  const int64_t kiln_row = kiln_row0 + kiln_g + kiln_r * 8;",
-            f"  const int64_t {KEY} = kiln_j0 + kiln_nb * 8 + 2 * kiln_t + (kiln_c & 1);",
+            f"  const int64_t {KEY} = {first} + kiln_nb * 8 + 2 * kiln_t + (kiln_c & 1);",
             *("  " + line for line in lines),
             "}"]
+
+
+def _inside(full: str) -> str:
+    """An element's row and key are in range: at once when the whole warp's tile is (`full`)."""
+    return f"{full} || (kiln_row < kiln_nq && {KEY} < kiln_nk)"
+
+
+def _full(tile: int, first: str) -> str:
+    return f"kiln_row0 + 16 <= kiln_nq && {first} + {tile} <= kiln_nk"
+
+
+def masked_loads(a: Attention, tile: int, first: str, target: str) -> list[str]:
+    """The masked part B of the tile starting at `first` into `target` (-inf out of range)."""
+    check = [f"{target}[kiln_e] = -INFINITY;",
+             f"if ({_inside('kiln_full_b')}) {{",
+             f"  const int64_t {a.query} = kiln_row;",
+             *("  " + x for x in snippet(a.masked_part, {}, f"{target}[kiln_e]")),
+             "}"]
+    return ["{", f"  const bool kiln_full_b = {_full(tile, first)};",
+            *("  " + x for x in _elements(tile, check, first)), "}"]
 
 
 def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list[str]:
@@ -118,24 +143,31 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
     lines = [f"if (kiln_j0 + {tile} < kiln_nk) {{"]
     lines += ["  " + x for x in _stage(a, config, pitch, f"kiln_j0 + {tile}", "kiln_buf ^ 1")]
     lines += ["}", "kiln_commit();", "bool kiln_live = false;"]
+    faint = _faint_skip(a)
     if a.masked_part is not None:
+        # this tile's part was read a step ago (its loads' latency hidden behind that step's
+        # work); the next tile's is requested now
         known[a.masked_part] = "kiln_bv[kiln_e]"
-        lines.append(f"float kiln_bv[{tile // 2}];")
-        check = ["kiln_bv[kiln_e] = -INFINITY;",
-                 f"if (kiln_row < kiln_nq && {KEY} < kiln_nk) {{",
-                 f"  const int64_t {a.query} = kiln_row;",
-                 *("  " + x for x in snippet(a.masked_part, {}, "kiln_bv[kiln_e]")),
-                 "  kiln_live |= kiln_bv[kiln_e] != -INFINITY;",
-                 "}"]
-        lines += _elements(tile, check)
+        if faint:
+            lines.append("float kiln_bmax[2] = {-INFINITY, -INFINITY};")
+        summary = ["kiln_live |= kiln_bv[kiln_e] != -INFINITY;"]
+        if faint:
+            summary.append("kiln_bmax[kiln_r] = (kiln_bv[kiln_e] > kiln_bmax[kiln_r] || kiln_bv[kiln_e] != kiln_bv[kiln_e])"
+                           " ? kiln_bv[kiln_e] : kiln_bmax[kiln_r];")
+        lines += _elements(tile, summary)
+        lines.append(f"float kiln_bn[{tile // 2}];")
+        lines += masked_loads(a, tile, f"kiln_j0 + {tile}", "kiln_bn")
     else:
         lines.append("kiln_live = kiln_row0 < kiln_nq;")
-    lines += ["const bool kiln_skip = !__any_sync(0xffffffffu, kiln_live);",
+    lines += ["const bool kiln_void = !__any_sync(0xffffffffu, kiln_live);",
               "kiln_wait_previous();",
               "__syncthreads();",
               f"const uint16_t* kiln_ks = kiln_kbuf[kiln_buf];",
               f"const uint16_t* kiln_vs = kiln_vbuf[kiln_buf];",
-              f"float kiln_sc[{tile // 8}][4] = {{}};",
+              "bool kiln_skip = kiln_void;"]
+    if faint:
+        lines += _faint_check(a, config, pitch, accs)
+    lines += [f"float kiln_sc[{tile // 8}][4] = {{}};",
               "if (!kiln_skip) {",
               "  #pragma unroll",
               f"  for (int kiln_nb = 0; kiln_nb < {tile // 8}; kiln_nb++) {{",
@@ -149,19 +181,33 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
               "  }",
               "}"]
     scale = literal(a.q.scale * a.k.scale, DType.F32)
+    lines.append(f"const bool kiln_full = {_full(tile, 'kiln_j0')};")
+    saturable = all(r.op is Op.MAX_REDUCE and (r.dtype is DType.BOOL or r.dtype.is_float) for r in accs)
+    if accs and saturable:
+        # a saturated guard stays as it is whatever the keys ahead: stop evaluating it
+        each = " && ".join(_saturated(r, f"{acc}[kiln_r]") for r, acc in accs.items())
+        lines += ["bool kiln_settled = true;",
+                  "#pragma unroll",
+                  "for (int kiln_r = 0; kiln_r < 2; kiln_r++)",
+                  f"  kiln_settled = kiln_settled && (kiln_row0 + kiln_g + kiln_r * 8 >= kiln_nq || ({each}));",
+                  "const bool kiln_open = !__all_sync(0xffffffffu, kiln_settled);"]
     element = ["float kiln_x = -INFINITY;",
-               f"if (kiln_row < kiln_nq && {KEY} < kiln_nk) {{",
+               f"if ({_inside('kiln_full')}) {{",
                f"  const int64_t {a.query} = kiln_row;",
-               f"  const float {SCORE} = kiln_skip ? 0.0f : kiln_sc[kiln_nb][kiln_c] * {scale};"]
-    for r, acc in accs.items():
-        element.append(f"  {COMPUTE[r.body.dtype]} kiln_gv;")
-        element += ["  " + x for x in snippet(guard_body(a, r), known, "kiln_gv")]
-        element.append("  " + guard_update(r, f"{acc}[kiln_r]", "kiln_gv"))
+               f"  const float {SCORE} = kiln_sc[kiln_nb][kiln_c] * {scale};"]
+    if accs:
+        element.append("  if (kiln_open) {" if saturable else "  {")
+        for r, acc in accs.items():
+            element.append(f"    {COMPUTE[r.body.dtype]} kiln_gv;")
+            element += ["    " + x for x in snippet(guard_body(a, r), known, "kiln_gv")]
+            element.append("    " + guard_update(r, f"{acc}[kiln_r]", "kiln_gv"))
+        element.append("  }")
     element += ["  " + x for x in snippet(a.logit, known, "kiln_x")]
     element += ["}", "kiln_sc[kiln_nb][kiln_c] = kiln_x;"]
     if accs and a.masked_part is not None and _guards_of_logit_maxima(a, known):
-        # a skipped tile's logits are all -inf: each row's guards see one value, at any of its keys
-        lines += ["if (kiln_skip) {", "  #pragma unroll", "  for (int kiln_r = 0; kiln_r < 2; kiln_r++) {",
+        # a void tile's logits are all -inf: each row's guards see one value, at any of its keys (a
+        # faint one's guards are saturated)
+        lines += ["if (kiln_void) {", "  #pragma unroll", "  for (int kiln_r = 0; kiln_r < 2; kiln_r++) {",
                   "    const int64_t kiln_row = kiln_row0 + kiln_g + kiln_r * 8;",
                   f"    const int64_t {KEY} = kiln_j0 + 2 * kiln_t;",
                   f"    if (kiln_row < kiln_nq && {KEY} < kiln_nk) {{",
@@ -172,11 +218,12 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
             lines.append(f"      {COMPUTE[r.body.dtype]} kiln_gv;")
             lines += ["      " + x for x in snippet(guard_body(a, r), hidden, "kiln_gv")]
             lines.append("      " + guard_update(r, f"{acc}[kiln_r]", "kiln_gv"))
-        lines += ["    }", "  }", "} else {"]
+        lines += ["    }", "  }", "} else if (!kiln_skip) {"]
         lines += ["  " + x for x in _elements(tile, element)]
         lines.append("}")
     else:
-        lines += _elements(tile, element)
+        # a void tile's scores stay 0 (no product): its guards see the logits at S = 0
+        lines += ["if (kiln_void || !kiln_skip) {", *("  " + x for x in _elements(tile, element)), "}"]
     exponent = literal(a.exponent, DType.F32)
     lines += ["if (!kiln_skip) {",
               "  float kiln_mt[2] = {-INFINITY, -INFINITY}, kiln_ms[2], kiln_rescale[2];",
@@ -218,7 +265,92 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
               "}",
               "__syncthreads();   // every warp is done with this buffer before the next step refills it",
               "kiln_buf ^= 1;"]
+    if a.masked_part is not None:
+        lines += ["#pragma unroll", f"for (int kiln_e = 0; kiln_e < {tile // 2}; kiln_e++) kiln_bv[kiln_e] = kiln_bn[kiln_e];"]
     return lines
+
+
+# A tile is faint for a row when its masked part lies so far below the row's running maximum m
+# that no score the row's query and the tile's keys can produce lifts a weight above 2^-FAINT:
+# with |S| <= Σ_k |q_k| · max |k| (|c·S| with its rounding slack, 2^-10) and X rounded once more
+# (2^-23), every weight is exp2((X - m')·L) <= 2^-FAINT for the final maximum m' >= m, which is 0 in
+# f32 (the interpreter's exponential of it too). NaN anywhere fails a comparison: no skip.
+FAINT = 200
+
+
+def _faint_skip(a: Attention) -> bool:
+    """Whether faint tiles may be skipped: X = c·S + B, and every guard is a maximum whose
+    accumulator can saturate (a skipped tile cannot change a saturated one)."""
+    return (a.masked_part is not None and a.score_factor is not None
+            and all(r.op is Op.MAX_REDUCE and (r.dtype is DType.BOOL or r.dtype.is_float) for r in a.guards))
+
+
+def _saturated(r: Reduce, acc: str) -> str:
+    return acc if r.dtype is DType.BOOL else f"({acc} == INFINITY || {acc} != {acc})"
+
+
+def _widen(word: str, half: int, dtype: DType) -> str:
+    """One 16-bit half (0: low) of a 32-bit word, as a float."""
+    bits = f"({word} & 0xFFFFu)" if half == 0 else f"({word} >> 16)"
+    return f"kiln_{dtype.value}_load((uint16_t){bits})"
+
+
+def _query_norms(a: Attention) -> list[str]:
+    """Σ_k |q_k| of the lane's two rows (its four lanes' halves summed)."""
+    words = [f"kiln_qa[kiln_kk][{h}]" for h in range(4)]
+    terms = {r: " + ".join(f"fabsf({_widen(w, half, a.dtype)})" for w in words[r::2] for half in (0, 1))
+             for r in (0, 1)}
+    return ["float kiln_qnorm[2] = {0.0f, 0.0f};",
+            "#pragma unroll",
+            f"for (int kiln_kk = 0; kiln_kk < {a.depth // 16}; kiln_kk++) {{",
+            f"  kiln_qnorm[0] += {terms[0]};",
+            f"  kiln_qnorm[1] += {terms[1]};",
+            "}",
+            "#pragma unroll",
+            "for (int kiln_r = 0; kiln_r < 2; kiln_r++) {",
+            "  kiln_qnorm[kiln_r] += __shfl_xor_sync(0xffffffffu, kiln_qnorm[kiln_r], 1);",
+            "  kiln_qnorm[kiln_r] += __shfl_xor_sync(0xffffffffu, kiln_qnorm[kiln_r], 2);",
+            "}"]
+
+
+def _faint_check(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list[str]:
+    """Set kiln_skip where the tile is faint for every row of the warp: first from the masked part
+    and the running maxima alone, then, only if that passes, with the bound on |S| (the largest
+    |k| of the staged tile, read by the warp from shared memory: the 15 bits below the sign
+    compare as the magnitudes do, a NaN's above infinity's)."""
+    exponent = literal(a.exponent, DType.F32)
+    factor = repr(abs(a.q.scale * a.k.scale * a.score_factor))
+    saturated = " && ".join(_saturated(r, f"{acc}[kiln_r]") for r, acc in accs.items()) or "true"
+    chunks = config.keys * a.depth // 8
+    largest = _widen("kiln_kbits", 0, a.dtype)
+    return ["if (!kiln_skip) {",
+            "  bool kiln_faint = true;",
+            "  #pragma unroll",
+            "  for (int kiln_r = 0; kiln_r < 2; kiln_r++)",
+            "    if (kiln_row0 + kiln_g + kiln_r * 8 < kiln_nq)",
+            f"      kiln_faint = kiln_faint && {saturated} && (kiln_bmax[kiln_r] - kiln_m[kiln_r]) * {exponent} <= -{FAINT}.0f;",
+            "  if (__all_sync(0xffffffffu, kiln_faint)) {",
+            "    uint32_t kiln_kbits = 0u;",
+            f"    for (int kiln_i = kiln_lane; kiln_i < {chunks}; kiln_i += 32) {{",
+            f"      const uint4 kiln_w = *reinterpret_cast<const uint4*>(&kiln_ks[(kiln_i / {a.depth // 8}) * {pitch} "
+            f"+ (kiln_i % {a.depth // 8}) * 8]);",
+            "      kiln_kbits = __vmaxu2(__vmaxu2(kiln_kbits, kiln_w.x & 0x7FFF7FFFu), __vmaxu2(kiln_w.y & 0x7FFF7FFFu, "
+            "kiln_w.z & 0x7FFF7FFFu));",
+            "      kiln_kbits = __vmaxu2(kiln_kbits, kiln_w.w & 0x7FFF7FFFu);",
+            "    }",
+            "    kiln_kbits = __reduce_max_sync(0xffffffffu, max(kiln_kbits & 0xFFFFu, kiln_kbits >> 16));",
+            f"    const double kiln_reach = {factor} * (1.0 + 0x1p-10) * (double){largest};",
+            "    #pragma unroll",
+            "    for (int kiln_r = 0; kiln_r < 2; kiln_r++) {",
+            "      if (kiln_row0 + kiln_g + kiln_r * 8 < kiln_nq) {",
+            "        const double kiln_u = (double)kiln_bmax[kiln_r] + kiln_reach * (double)kiln_qnorm[kiln_r];",
+            f"        kiln_faint = kiln_faint && (kiln_u + fabs(kiln_u) * 0x1p-23 - (double)kiln_m[kiln_r]) * {exponent} "
+            f"<= -{FAINT}.0;",
+            "      }",
+            "    }",
+            "    kiln_skip = __all_sync(0xffffffffu, kiln_faint);",
+            "  }",
+            "}"]
 
 
 def _guards_of_logit_maxima(a: Attention, known: dict) -> bool:

@@ -122,19 +122,33 @@ def test_a_float32_model_keeps_its_attention_as_lowered():
     assert len(program.kernels) == len(schedule(graph, POLICIES["inline12-bcast1-rows"]).kernels)
 
 
+def _nvcc_ptx(source: str, folder) -> str:
+    unit = folder / "attention.cu"
+    unit.write_text(PRELUDE + source)
+    result = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", str(unit), "-o", str(folder / "a.ptx")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return (folder / "a.ptx").read_text()
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
 def test_every_tiling_of_fused_attention_compiles_to_tensor_core_code(heads64, tmp_path):
     program = schedule(heads64.prefill, POLICIES[ATTENTION])
     kernel = next(k for k in program.kernels if as_attention(k))
-    for i, config in enumerate(attention_space(kernel)):
-        unit = tmp_path / f"attention{i}.cu"
-        unit.write_text(PRELUDE + emit_cuda_attention(as_attention(kernel), config, "attention"))
-        result = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", str(unit), "-o", str(tmp_path / "a.ptx")],
-                                capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr[-3000:]
-        ptx = (tmp_path / "a.ptx").read_text()
+    for config in attention_space(kernel):
+        ptx = _nvcc_ptx(emit_cuda_attention(as_attention(kernel), config, "attention"), tmp_path)
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
         assert "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16" in ptx
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
+@pytest.mark.parametrize("seed", range(8))
+def test_fused_attention_of_each_type_and_mask_compiles(seed, tmp_path):
+    """The random attentions' first eight cover bf16 and f16 under each kind of mask."""
+    kernel = schedule(lower(*sdpa_case(seed)), POLICIES[ATTENTION]).kernels[-1]
+    attention = as_attention(kernel)
+    ptx = _nvcc_ptx(emit_cuda_attention(attention, attention_space(kernel)[0], "attention"), tmp_path)
+    assert f"mma.sync.aligned.m16n8k16.row.col.f32.{attention.dtype.value}.{attention.dtype.value}.f32" in ptx
 
 
 @pytest.mark.parametrize("seed", range(16))
@@ -142,18 +156,42 @@ def test_fused_attention_of_random_sdpa_equals_the_interpreter_and_pytorch(seed)
     """Fuzzing the recognizer and the pass: every random scaled_dot_product_attention with more
     than one query is one fused kernel, and its C pass equals the interpreter within the 16-bit
     type's tolerance, and PyTorch's eager attention within 2e-2."""
-    module, args = sdpa_case(seed)
+    assert_fused_c_pass_is_right(*sdpa_case(seed))
+
+
+def assert_fused_c_pass_is_right(module, args):
     graph = lower(module, args)
     program = schedule(graph, POLICIES[ATTENTION])
-    assert [bool(as_attention(k)) for k in program.kernels][-1]
+    assert as_attention(program.kernels[-1])
     inputs = [to_numpy(a) for a in args]
     backend = CpuBackend()
     configs = [backend.default_config(k) for k in program.kernels]
     got = Executor(graph, program, configs, backend).host_outputs(*inputs)[0]
-    want = run(graph, inputs)[0]
-    assert not mismatch(got, want, tolerance([inputs[0].dtype]))
-    eager = module(*args).float().numpy()
-    np.testing.assert_allclose(np.asarray(got, np.float32), eager, rtol=2e-2, atol=2e-2)
+    assert not mismatch(got, run(graph, inputs)[0], tolerance([inputs[0].dtype]))
+    np.testing.assert_allclose(np.asarray(got, np.float32), module(*args).float().numpy(),
+                               rtol=2e-2, atol=2e-2)
+
+
+def far_mask_case(loud: bool):
+    """160 queries against 160 keys under a finite causal mask (hidden places -1000 here, bf16's
+    lowest in a Llama): the tensor-core pass skips the tiles that cannot matter. Loud: one late
+    key's product with every query is so large that it outweighs its -1000 for earlier queries,
+    and dominates their output: a tile that looks hidden by its mask alone is not."""
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 160, 64, generator=gen) for _ in range(3))
+    if loud:
+        q, k[:, :, 150] = q.abs(), 400.0
+    mask = torch.zeros(160, 160).masked_fill(torch.ones(160, 160, dtype=torch.bool).triu(1), -1000.0)
+    return Sdpa(False, None, False), tuple(t.to(torch.bfloat16) for t in (q, k, v, mask))
+
+
+@pytest.mark.parametrize("loud", [False, True], ids=["quiet", "loud"])
+def test_fused_attention_under_a_finite_mask_equals_the_interpreter_and_pytorch(loud):
+    module, args = far_mask_case(loud)
+    if loud:   # the trap is set: the late key carries the early rows
+        out = module(*args).float()
+        assert torch.allclose(out[0, :, :100], args[2][0, :, 150:151].float().expand(2, 100, 64), atol=2e-2)
+    assert_fused_c_pass_is_right(module, args)
 
 
 class NormalizedAfter(torch.nn.Module):
@@ -173,13 +211,4 @@ def normalized_after_case():
 
 
 def test_attention_normalized_after_the_product_is_one_fused_kernel_too():
-    module, args = normalized_after_case()
-    graph = lower(module, args)
-    program = schedule(graph, POLICIES[ATTENTION])
-    assert len(program.kernels) == 1 and as_attention(program.kernels[0])
-    inputs = [to_numpy(a) for a in args]
-    backend = CpuBackend()
-    got = Executor(graph, program, [backend.default_config(program.kernels[0])], backend).host_outputs(*inputs)[0]
-    assert not mismatch(got, run(graph, inputs)[0], tolerance([inputs[0].dtype]))
-    np.testing.assert_allclose(np.asarray(got, np.float32), module(*args).float().numpy(),
-                               rtol=2e-2, atol=2e-2)
+    assert_fused_c_pass_is_right(*normalized_after_case())

@@ -439,11 +439,13 @@ def test_fused_attention_of_each_tiling_equals_the_interpreter(length):
 
 
 def attention_cases() -> dict:
-    """tests/test_attention.py's attentions by name: the random sdpa modules, and one normalized
-    after the product."""
-    from tests.test_attention import normalized_after_case, sdpa_case
+    """tests/test_attention.py's attentions by name: the random sdpa modules, one normalized after
+    the product, two under a finite mask (the quiet one's hidden tiles skipped, the loud one's
+    not: a key's product outweighs its mask)."""
+    from tests.test_attention import far_mask_case, normalized_after_case, sdpa_case
     return {**{f"sdpa-{seed}": lambda seed=seed: sdpa_case(seed) for seed in range(16)},
-            "normalized-after": normalized_after_case}
+            "normalized-after": normalized_after_case, "far-mask-quiet": lambda: far_mask_case(False),
+            "far-mask-loud": lambda: far_mask_case(True)}
 
 
 def attention_graph(name: str):
@@ -461,7 +463,8 @@ def attention_graph(name: str):
         return graph_from_json(json.loads((Path(saved) / f"{name}.json").read_text())), module, args
 
 
-@pytest.mark.parametrize("name", [*(f"sdpa-{seed}" for seed in range(16)), "normalized-after"])
+@pytest.mark.parametrize("name", [*(f"sdpa-{seed}" for seed in range(16)), "normalized-after", "far-mask-quiet",
+                                  "far-mask-loud"])
 @needs_gpu
 def test_fused_attention_of_random_sdpa_on_tensor_cores_equals_the_interpreter(name):
     """The fuzzed attentions of test_attention.py under every tiling of the tensor-core pass: the
