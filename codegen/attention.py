@@ -21,7 +21,9 @@ sum of E and the running Σ E·v are rescaled by the second factor when the maxi
 Σ_j E(j)·recip(l)·v(j) = recip(l) · Σ_j E(j)·v(j), so the division happens once, at the end. A
 key whose X is -inf (masked) adds nothing to either; where X = A(S) + B with B free of S, a run of
 keys whose B is -inf for every row of a tile is skipped without computing S (only the guards
-still see those keys, evaluated at S = 0: X is -inf at any finite S).
+still see those keys, evaluated at S = 0: X is -inf at any finite S). Where moreover A(S) = c·S,
+the tensor-core pass also skips keys whose B is finite but too low to matter (cuda_attention.py's
+FAINT).
 
 Both emitters (C here, CUDA tensor cores in cuda_attention.py) render the pointwise pieces (X,
 the guards' bodies, G) with the C body renderer, so whatever elementwise expression the model

@@ -3,9 +3,13 @@
 the keys a tile at a time. Each tile's keys and values are staged in shared memory by cp.async,
 two buffers deep (the next tile's arrive while this one computes); S = QKᵀ and P·V run as
 mma.sync m16n8k16 (f16/bf16 in, f32 accumulate), read through ldmatrix; P stays in registers
-between the two (an S accumulator's layout is the A operand's of the next product). A tile whose
-masked part is -inf at every point of a warp's rows is skipped by that warp (its products and
-exponentials); its guards still see it."""
+between the two (an S accumulator's layout is the A operand's of the next product). The masked
+part of X is read a tile ahead, into registers: its loads' latency hides behind a tile's work. A
+warp skips a tile's products and exponentials where its masked part is -inf at every point of the
+warp's rows (void: its guards still see it), or so far below each row's running maximum that no
+score these queries and keys can produce would give a weight that is not 0 in f32 (faint, see
+FAINT: a Llama's mask holds bf16's lowest value, not -inf); and stops evaluating guards once they
+are saturated."""
 from __future__ import annotations
 
 from ..ir.dtypes import DType
