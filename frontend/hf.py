@@ -24,6 +24,7 @@ from torch.export import Dim
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..ir import Graph, KilnError, ShapeError, decode, run
+from ..ir.generation import generate_tokens
 from ..ir.tensors import to_numpy
 from .lower import lower
 
@@ -297,23 +298,20 @@ def decode_one(lm: LoweredLM, ids: np.ndarray, pos: int, caches: list[np.ndarray
 
 def reference_generate(lm: LoweredLM, input_ids: list[int], max_new_tokens: int,
                        eos_token_id: int | list[int] | None = None) -> list[int]:
-    """Greedy decoding with the reference interpreter; returns the new tokens only (stopping after
-    the first end-of-sequence token, which is included, as transformers does)."""
-    if not input_ids or max_new_tokens < 1:
-        raise ShapeError("kiln: generation needs a non-empty prompt and max_new_tokens >= 1")
-    if len(input_ids) + max_new_tokens - 1 > lm.max_seq:
-        raise ShapeError(f"kiln: {len(input_ids)} prompt + {max_new_tokens} new tokens do not fit "
-                         f"the KV cache of max_seq={lm.max_seq}")
-    stop = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
-    logits, caches = prefill(lm, np.array([input_ids], dtype=np.int64))        # [1, T, vocab]
-    pos, new = len(input_ids), []
-    while True:
-        token = int(np.argmax(logits[0, -1]))
-        new.append(token)
-        if token in stop or len(new) == max_new_tokens:
-            return new
-        logits, caches = decode_one(lm, np.array([[token]], dtype=np.int64), pos, caches)
-        pos += 1
+    """Greedy decoding with the reference interpreter, by the compiled model's generation loop;
+    returns the new tokens only (stopping after the first end-of-sequence token, which is
+    included, as transformers does)."""
+    caches: list[np.ndarray] = []
+
+    def step_prefill(ids: np.ndarray) -> np.ndarray:
+        logits, caches[:] = prefill(lm, ids)
+        return logits
+
+    def step_decode(token: int, pos: int) -> np.ndarray:
+        logits, caches[:] = decode_one(lm, np.array([[token]], dtype=np.int64), pos, caches)
+        return logits
+    return generate_tokens(step_prefill, step_decode, input_ids, max_new_tokens, vocab_size=lm.vocab_size,
+                           max_seq=lm.max_seq, eos_token_id=eos_token_id)
 
 
 # ---- lowered graphs on disk ----------------------------------------------------------------------

@@ -20,7 +20,7 @@ from ..ir.serialize import graph_from_json, graph_to_json, resolve_spec
 from .artifact import read_artifact, write_artifact
 from .compiled import Choice, CompiledGraph
 from .hardware import describe_mismatch, fingerprint_id
-from .sampling import generate_tokens
+from ..ir.generation import generate_tokens
 
 BACKENDS = ("cpu", "cuda")
 

@@ -8,7 +8,7 @@ import torch
 from transformers import GenerationConfig
 
 from kiln.ir.errors import KilnError, ShapeError
-from kiln.runtime.sampling import choose_token, generate_tokens, sampling_distribution
+from kiln.ir.generation import choose_token, generate_tokens, sampling_distribution
 
 from .helpers import tiny_llama
 
@@ -155,7 +155,7 @@ def test_transformers_text_streamer_accepts_both_puts():
     ([1, VOCAB, -1], 4, {}, KilnError, f"token id {VOCAB} at prompt position 1"),
     ([1, -3], 4, {}, KilnError, "token id -3 at prompt position 1"),
     ([1] * 30, 4, {}, ShapeError, "need 33 cache positions (the last new token is never fed back), "
-                                  "but the model was compiled for 32: ask for at most 3 new tokens"),
+                                  "but the model's KV cache holds 32 positions: ask for at most 3 new tokens"),
     ([1] * 40, 1, {}, ShapeError, "shorten the prompt to at most 32 tokens"),
     ([1], 4, dict(do_sample=True, temperature=0.0), KilnError, "temperature"),
     ([1], 4, dict(do_sample=True, temperature=-1.0), KilnError, "temperature"),

@@ -1,5 +1,6 @@
-"""Choosing the next token with transformers' semantics, in numpy, and the generation loop around
-the caller's prefill and decode steps.
+"""Choosing the next token with transformers' semantics, in numpy, and the one generation loop
+around a caller's prefill and decode steps: a compiled model's (runtime/model.py) and the
+reference interpreter's (frontend/hf.py).
 
 Sampling follows `GenerationMixin._get_logits_processor` (transformers 5.24): temperature, then
 top-k, then top-p, each as its warper does it; the survivors' softmax, in float64, is sampled.
@@ -13,7 +14,7 @@ import sys
 
 import numpy as np
 
-from ..ir.errors import KilnError, ShapeError
+from .errors import KilnError, ShapeError
 
 PrefillStep = Callable[[np.ndarray], np.ndarray]  # ids [1, T] int64 -> logits [1, T, vocab]
 DecodeStep = Callable[[int, int], np.ndarray]     # (token, position) -> logits [1, 1, vocab]
@@ -119,4 +120,4 @@ def _check_prompt(input_ids: list[int], max_new_tokens: int, vocab_size: int, ma
                else f"shorten the prompt to at most {max_seq} tokens")
         raise ShapeError(f"kiln: a prompt of {len(input_ids)} tokens and {max_new_tokens} new tokens "
                          f"need {needed} cache positions (the last new token is never fed back), but "
-                         f"the model was compiled for {max_seq}: {fix}, or compile with a larger --max-seq")
+                         f"the model's KV cache holds {max_seq} positions: {fix}, or compile with a larger --max-seq")
