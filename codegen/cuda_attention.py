@@ -117,9 +117,13 @@ def _elements(tile: int, lines: list[str], first: str = "kiln_j0") -> list[str]:
             "}"]
 
 
-def _inside(full: str) -> str:
-    """An element's row and key are in range: at once when the whole warp's tile is (`full`)."""
-    return f"{full} || (kiln_row < kiln_nq && {KEY} < kiln_nk)"
+def _split(tile: int, full: str, lines: list[str], first: str = "kiln_j0") -> list[str]:
+    """`lines` (which test `kiln_inside`) for each element of the tile, in two copies: one where
+    the whole warp's tile is in range (`full`: the tests fold away) and one checking each."""
+    def copy(inside: str) -> list[str]:
+        return ["  " + x for x in _elements(tile, [f"const bool kiln_inside = {inside};", *lines], first)]
+    return [f"if ({full}) {{", *copy("true"), "} else {",
+            *copy(f"kiln_row < kiln_nq && {KEY} < kiln_nk"), "}"]
 
 
 def _full(tile: int, first: str) -> str:
@@ -129,12 +133,11 @@ def _full(tile: int, first: str) -> str:
 def masked_loads(a: Attention, tile: int, first: str, target: str) -> list[str]:
     """The masked part B of the tile starting at `first` into `target` (-inf out of range)."""
     check = [f"{target}[kiln_e] = -INFINITY;",
-             f"if ({_inside('kiln_full_b')}) {{",
+             "if (kiln_inside) {",
              f"  const int64_t {a.query} = kiln_row;",
              *("  " + x for x in snippet(a.masked_part, {}, f"{target}[kiln_e]")),
              "}"]
-    return ["{", f"  const bool kiln_full_b = {_full(tile, first)};",
-            *("  " + x for x in _elements(tile, check, first)), "}"]
+    return _split(tile, _full(tile, first), check, first)
 
 
 def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list[str]:
@@ -185,7 +188,6 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
               "  }",
               "}"]
     scale = literal(a.q.scale * a.k.scale, DType.F32)
-    lines.append(f"const bool kiln_full = {_full(tile, 'kiln_j0')};")
     saturable = all(r.op is Op.MAX_REDUCE and (r.dtype is DType.BOOL or r.dtype.is_float) for r in accs)
     if accs and saturable:
         # a saturated guard stays as it is whatever the keys ahead: stop evaluating it
@@ -196,7 +198,7 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
                   f"  kiln_settled = kiln_settled && (kiln_row0 + kiln_g + kiln_r * 8 >= kiln_nq || ({each}));",
                   "const bool kiln_open = !__all_sync(0xffffffffu, kiln_settled);"]
     element = ["float kiln_x = -INFINITY;",
-               f"if ({_inside('kiln_full')}) {{",
+               "if (kiln_inside) {",
                f"  const int64_t {a.query} = kiln_row;",
                f"  const float {SCORE} = kiln_sc[kiln_nb][kiln_c] * {scale};"]
     if accs:
@@ -223,11 +225,11 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
             lines += ["      " + x for x in snippet(guard_body(a, r), hidden, "kiln_gv")]
             lines.append("      " + guard_update(r, f"{acc}[kiln_r]", "kiln_gv"))
         lines += ["    }", "  }", "} else if (!kiln_skip) {"]
-        lines += ["  " + x for x in _elements(tile, element)]
+        lines += ["  " + x for x in _split(tile, _full(tile, "kiln_j0"), element)]
         lines.append("}")
     else:
         # a void tile's scores stay 0 (no product): its guards see the logits at S = 0
-        lines += ["if (kiln_void || !kiln_skip) {", *("  " + x for x in _elements(tile, element)), "}"]
+        lines += ["if (kiln_void || !kiln_skip) {", *("  " + x for x in _split(tile, _full(tile, "kiln_j0"), element)), "}"]
     exponent = literal(a.exponent, DType.F32)
     lines += ["if (!kiln_skip) {",
               "  float kiln_mt[2] = {-INFINITY, -INFINITY}, kiln_ms[2], kiln_rescale[2];",
@@ -240,7 +242,7 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
               "    kiln_mt[kiln_r] = fmaxf(kiln_mt[kiln_r], __shfl_xor_sync(0xffffffffu, kiln_mt[kiln_r], 2));",
               "    const float kiln_mn = fmaxf(kiln_m[kiln_r], kiln_mt[kiln_r]);",
               "    kiln_ms[kiln_r] = kiln_mn == -INFINITY ? 0.0f : kiln_mn;",
-              f"    kiln_rescale[kiln_r] = exp2f((kiln_m[kiln_r] - kiln_ms[kiln_r]) * {exponent});",
+              f"    kiln_rescale[kiln_r] = kiln_exp2((kiln_m[kiln_r] - kiln_ms[kiln_r]) * {exponent});",
               "    kiln_m[kiln_r] = kiln_mn;",
               "    kiln_l[kiln_r] *= kiln_rescale[kiln_r];",
               "  }",
@@ -254,8 +256,8 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
               "    #pragma unroll",
               "    for (int kiln_h = 0; kiln_h < 4; kiln_h++) {",
               "      const int kiln_nb = kiln_ks16 * 2 + (kiln_h >> 1), kiln_c = (kiln_h & 1) * 2;",
-              f"      const float kiln_p0 = exp2f((kiln_sc[kiln_nb][kiln_c] - kiln_ms[kiln_h & 1]) * {exponent});",
-              f"      const float kiln_p1 = exp2f((kiln_sc[kiln_nb][kiln_c + 1] - kiln_ms[kiln_h & 1]) * {exponent});",
+              f"      const float kiln_p0 = kiln_exp2((kiln_sc[kiln_nb][kiln_c] - kiln_ms[kiln_h & 1]) * {exponent});",
+              f"      const float kiln_p1 = kiln_exp2((kiln_sc[kiln_nb][kiln_c + 1] - kiln_ms[kiln_h & 1]) * {exponent});",
               "      kiln_l[kiln_h & 1] += kiln_p0 + kiln_p1;",
               "      kiln_pa[kiln_h] = kiln_pack(kiln_p0, kiln_p1);",
               "    }",
@@ -419,6 +421,9 @@ def _finish(a: Attention, accs: dict) -> list[str]:
 
 
 _HELPERS = r"""
+// 2^x in one special-function op: a result below 2^-126 (a weight or rescaling that small beside
+// the row's largest, which is 1) is 0
+__device__ __forceinline__ float kiln_exp2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 // two weights rounded to nearest even, packed in one instruction (lo in the low half)
 __device__ __forceinline__ uint32_t kiln_pack(float lo, float hi) {
   uint32_t d; asm("cvt.rn.STOREx2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d;
