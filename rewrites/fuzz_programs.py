@@ -167,7 +167,8 @@ class _Builder:
         """One or two unary ops; two are often an inverse pair such as exp2(log2 x)."""
         ops = [self.choice(UNARY)]
         if self.coin(0.5):
-            ops.append(INVERSE[ops[0]] if self.coin(0.5) else self.choice(UNARY))
+            inverse = INVERSE.get(ops[0])     # an op without one pairs with any
+            ops.append(inverse if inverse is not None and self.coin(0.5) else self.choice(UNARY))
         x = self.pick(lambda n: n.dtype.is_float)
         for op in ops:
             x = Node(op, [x])

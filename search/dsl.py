@@ -8,16 +8,15 @@ from typing import Any, Iterable
 
 from egglog import String, Vec, eq, function, i64, ne, rule, set_, union, vars_
 
-from .language import (Dim, Term, add, cast, concat, constant, dim_lit, dim_sym, exp2, expand, gather,
-                       input_, iota, less_than, log2, max_reduce, mod, mul, pad, permute, recip, reshape,
-                       sin, slice_, slice_update, sqrt, sum_reduce, where)
+from .language import CONSTRUCTORS, Dim, Term, dim_lit, dim_sym, rule_name
+
+# one constructor per op of the op table, by its rule name (mul, sum_reduce, slice_, ...)
+globals().update({rule_name(op): constructor for op, constructor in CONSTRUCTORS.items()})
 
 __all__ = [
-    "Dim", "Rule", "String", "Term", "Vec", "add", "cast", "concat", "const_value", "constant",
-    "dim_lit", "dim_sym", "dims", "eq", "holds", "exp2", "expand", "facts", "gather", "i64", "input_", "ints",
-    "iota", "less_than", "log2", "max_reduce", "mod", "mul", "ne", "pad", "permute", "perms", "recip",
-    "reshape", "rewrites", "rule", "set_", "sin", "slice_", "slice_update", "split_axis", "sqrt",
-    "strings", "sum_reduce", "terms", "union", "where",
+    "Dim", "Rule", "String", "Term", "Vec", "const_value", "dim_lit", "dim_sym", "dims", "eq", "holds",
+    "facts", "i64", "ints", "ne", "perms", "rewrites", "rule", "set_", "split_axis", "strings", "terms",
+    "union", *(rule_name(op) for op in CONSTRUCTORS),
 ]
 
 

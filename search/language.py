@@ -1,17 +1,18 @@
-"""The e-graph language: one egglog constructor per IR op, named by the op table's `egg_name`.
-
-`FIELDS` says how each op's inputs and attributes become constructor arguments; the adapter is
-generic over it. Inputs and Iotas are opaque leaves (a key into the adapter's leaf table), so rules
+"""The e-graph language: one egglog constructor per IR op, named by the op table's `egg_name`,
+generated from the op table: `FIELDS` says how each op's inputs and attributes become constructor
+arguments (from its arity and attributes), and the adapter is generic over it. Inputs and Iotas are opaque leaves (a key into the adapter's leaf table), so rules
 never see a weight's name or an Iota's index expression. Symbolic dimensions are `Dim`s: a
 literal, or a symbolic expression by its canonical text.
 """
 from __future__ import annotations
 
+import builtins
+import inspect
 from enum import Enum
 
 from egglog import Expr, StringLike, Vec, function, i64, i64Like
 
-from ..ir.ops import BINARY, UNARY, Op
+from ..ir.ops import OPS, Op
 
 
 class Dim(Expr, egg_sort="Dim"):
@@ -42,130 +43,52 @@ class Field(Enum):
     INTS = "ints"        # Vec[i64] attribute (permutations)
 
 
-T, I = Field.TERM, Field.INT
+# how each attribute of the op table becomes a constructor argument
+_ATTRIBUTE = {"axis": Field.INT, "step": Field.INT, "dtype": Field.TEXT, "value": Field.NUMBER,
+              "perm": Field.INTS, "shape": Field.DIMS, "start": Field.DIM, "stop": Field.DIM,
+              "before": Field.DIM, "after": Field.DIM}
+LEAVES = (Op.INPUT, Op.IOTA)      # opaque to rules: a key into the adapter's leaf table
+
+
+def _fields(op: Op) -> tuple[tuple[str, Field], ...]:
+    spec = OPS[op]
+    if op in LEAVES:
+        return (("key", Field.LEAF),)
+    unknown = [a for a in spec.attrs if a not in _ATTRIBUTE]
+    if unknown:
+        raise KeyError(f"{op.value}'s attribute {unknown[0]!r} has no e-graph field kind: add it to "
+                       "search/language.py's _ATTRIBUTE")
+    inputs = (("", Field.TERMS),) if spec.arity is None else (("", Field.TERM),) * spec.arity
+    return inputs + tuple((a, _ATTRIBUTE[a]) for a in spec.attrs)
+
+
 # per op: (IR attribute or "" for an input, field kind) in constructor argument order
-FIELDS: dict[Op, tuple[tuple[str, Field], ...]] = {
-    **{op: (("", T),) for op in UNARY},
-    **{op: (("", T), ("", T)) for op in BINARY},
-    Op.WHERE: (("", T), ("", T), ("", T)),
-    Op.SUM_REDUCE: (("", T), ("axis", I)),
-    Op.MAX_REDUCE: (("", T), ("axis", I)),
-    Op.IOTA: (("key", Field.LEAF),),
-    Op.CAST: (("", T), ("dtype", Field.TEXT)),
-    Op.GATHER: (("", T), ("", T), ("axis", I)),
-    Op.SLICE_UPDATE: (("", T), ("", T), ("", T), ("axis", I)),
-    Op.CONSTANT: (("value", Field.NUMBER), ("dtype", Field.TEXT)),
-    Op.INPUT: (("key", Field.LEAF),),
-    Op.PERMUTE: (("", T), ("perm", Field.INTS)),
-    Op.RESHAPE: (("", T), ("shape", Field.DIMS)),
-    Op.EXPAND: (("", T), ("shape", Field.DIMS)),
-    Op.SLICE: (("", T), ("axis", I), ("start", Field.DIM), ("stop", Field.DIM), ("step", I)),
-    Op.PAD: (("", T), ("axis", I), ("before", Field.DIM), ("after", Field.DIM), ("value", Field.NUMBER)),
-    Op.CONCAT: (("", Field.TERMS), ("axis", I)),
-}
+FIELDS: dict[Op, tuple[tuple[str, Field], ...]] = {op: _fields(op) for op in OPS}
+
+_ARGUMENT = {Field.TERM: Term, Field.TERMS: Vec[Term], Field.LEAF: StringLike, Field.INT: i64Like,
+             Field.NUMBER: StringLike, Field.TEXT: StringLike, Field.DIM: Dim, Field.DIMS: Vec[Dim],
+             Field.INTS: Vec[i64]}
 
 
-# --- the constructors (argument types follow FIELDS; a test checks every op round-trips) -------
-@function(egg_fn=Op.EXP2.value)
-def exp2(x: Term) -> Term: ...
+def rule_name(op: Op) -> str:
+    """The name rules call an op's constructor by: the op's, lower case (slice_ and input_ where
+    it would hide a Python builtin)."""
+    name = op.name.lower()
+    return name + "_" if hasattr(builtins, name) else name
 
 
-@function(egg_fn=Op.LOG2.value)
-def log2(x: Term) -> Term: ...
+def _constructor(op: Op):
+    """The egglog function of one op, its argument types from FIELDS (a test checks every op
+    round-trips through it)."""
+    names = [attr or f"x{i}" for i, (attr, _) in enumerate(FIELDS[op])]
+
+    def constructor(*args): ...
+    constructor.__name__ = constructor.__qualname__ = rule_name(op)
+    constructor.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+    constructor.__annotations__ = {**{n: _ARGUMENT[kind] for n, (_, kind) in zip(names, FIELDS[op])},
+                                   "return": Term}
+    return function(egg_fn=OPS[op].egg_name)(constructor)
 
 
-@function(egg_fn=Op.SIN.value)
-def sin(x: Term) -> Term: ...
-
-
-@function(egg_fn=Op.SQRT.value)
-def sqrt(x: Term) -> Term: ...
-
-
-@function(egg_fn=Op.RECIP.value)
-def recip(x: Term) -> Term: ...
-
-
-@function(egg_fn=Op.ADD.value)
-def add(a: Term, b: Term) -> Term: ...
-
-
-@function(egg_fn=Op.MUL.value)
-def mul(a: Term, b: Term) -> Term: ...
-
-
-@function(egg_fn=Op.MOD.value)
-def mod(a: Term, b: Term) -> Term: ...
-
-
-@function(egg_fn=Op.LESS_THAN.value)
-def less_than(a: Term, b: Term) -> Term: ...
-
-
-@function(egg_fn=Op.WHERE.value)
-def where(cond: Term, a: Term, b: Term) -> Term: ...
-
-
-@function(egg_fn=Op.SUM_REDUCE.value)
-def sum_reduce(x: Term, axis: i64Like) -> Term: ...
-
-
-@function(egg_fn=Op.MAX_REDUCE.value)
-def max_reduce(x: Term, axis: i64Like) -> Term: ...
-
-
-@function(egg_fn=Op.IOTA.value)
-def iota(key: StringLike) -> Term: ...
-
-
-@function(egg_fn=Op.CAST.value)
-def cast(x: Term, dtype: StringLike) -> Term: ...
-
-
-@function(egg_fn=Op.GATHER.value)
-def gather(table: Term, index: Term, axis: i64Like) -> Term: ...
-
-
-@function(egg_fn=Op.SLICE_UPDATE.value)
-def slice_update(dst: Term, src: Term, start: Term, axis: i64Like) -> Term: ...
-
-
-@function(egg_fn=Op.CONSTANT.value)
-def constant(value: StringLike, dtype: StringLike) -> Term: ...
-
-
-@function(egg_fn=Op.INPUT.value)
-def input_(key: StringLike) -> Term: ...
-
-
-@function(egg_fn=Op.PERMUTE.value)
-def permute(x: Term, perm: Vec[i64]) -> Term: ...
-
-
-@function(egg_fn=Op.RESHAPE.value)
-def reshape(x: Term, shape: Vec[Dim]) -> Term: ...
-
-
-@function(egg_fn=Op.EXPAND.value)
-def expand(x: Term, shape: Vec[Dim]) -> Term: ...
-
-
-@function(egg_fn=Op.SLICE.value)
-def slice_(x: Term, axis: i64Like, start: Dim, stop: Dim, step: i64Like) -> Term: ...
-
-
-@function(egg_fn=Op.PAD.value)
-def pad(x: Term, axis: i64Like, before: Dim, after: Dim, value: StringLike) -> Term: ...
-
-
-@function(egg_fn=Op.CONCAT.value)
-def concat(inputs: Vec[Term], axis: i64Like) -> Term: ...
-
-
-CONSTRUCTORS = {
-    Op.EXP2: exp2, Op.LOG2: log2, Op.SIN: sin, Op.SQRT: sqrt, Op.RECIP: recip, Op.ADD: add,
-    Op.MUL: mul, Op.MOD: mod, Op.LESS_THAN: less_than, Op.WHERE: where, Op.SUM_REDUCE: sum_reduce,
-    Op.MAX_REDUCE: max_reduce, Op.IOTA: iota, Op.CAST: cast, Op.GATHER: gather,
-    Op.SLICE_UPDATE: slice_update, Op.CONSTANT: constant, Op.INPUT: input_, Op.PERMUTE: permute,
-    Op.RESHAPE: reshape, Op.EXPAND: expand, Op.SLICE: slice_, Op.PAD: pad, Op.CONCAT: concat,
-}
+CONSTRUCTORS = {op: _constructor(op) for op in FIELDS}

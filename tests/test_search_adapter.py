@@ -4,6 +4,7 @@ import math
 import numpy as np
 
 from kiln.ir import DType, Node, Op, build, evaluate
+from kiln.ir.ops import UNARY
 from kiln.ir.symbolic import Expr, sym
 from kiln.search.adapter import Decoder, dump, encode, new_egraph, view
 from kiln.search.language import CONSTRUCTORS, FIELDS
@@ -15,7 +16,8 @@ def program_with_every_op() -> list[Node]:
     w = Node(Op.INPUT, name="w", role="weight", shape=(Expr.of(4), Expr.of(3)), dtype=DType.F32)
     pos = Node(Op.INPUT, name="pos", role="input", shape=(), dtype=DType.I64)
     y = build.elementwise(Op.ADD, x, build.constant(-0.0, DType.F32))
-    y = Node(Op.RECIP, [Node(Op.SQRT, [Node(Op.EXP2, [Node(Op.SIN, [Node(Op.LOG2, [y])])])])])
+    for op in UNARY:      # a unary op added to the table joins the program by itself
+        y = Node(op, [y])
     y = build.elementwise(Op.MUL, y, build.constant(math.inf, DType.F32))
     y = build.elementwise(Op.MOD, y, build.constant(3.5, DType.F32))
     mask = build.elementwise(Op.LESS_THAN, y, build.constant(math.nan, DType.F32))
