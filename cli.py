@@ -204,8 +204,8 @@ def chart(json_path: str) -> None:
 @click.option("--torch-compile/--no-torch-compile", default=True, show_default=True,
               help="Also time torch.compile(mode='max-autotune') (minutes of compile).")
 @click.option("--db", type=click.Path(dir_okay=False), help="Tuning database.")
-@click.option("--lowered", "lowered_path", metavar="PATH",
-              help="Graphs saved by 'kiln lower' (where this torch cannot export the model).")
+@click.option("--lowered", "lowered_path", metavar="FOLDER",
+              help="A folder of graphs 'kiln lower' wrote (where this torch cannot export the model).")
 @click.option("--prefill", default=512, show_default=True, type=click.IntRange(2, None),
               help="Prompt length timed for prefill (at most max-seq - tokens - 16).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
@@ -230,7 +230,9 @@ def bench_gpu(model: str, dtype: str, tokens: int, budget: str, max_seq: int, to
 
 @main.command("lower")
 @click.argument("model")
-@click.option("--out", required=True, metavar="PATH", help="Writes PATH.json and PATH.safetensors.")
+@click.option("--out", required=True, metavar="FOLDER",
+              help="Writes the folder: lowered.json (the graphs), weights.safetensors (the small weights), "
+                   "manifest.json (checksums, checked on load); replaced whole, never half-written.")
 @click.option("--max-seq", default=256, show_default=True, type=click.IntRange(2, None))
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
               show_default=True)
@@ -245,7 +247,7 @@ def lower_cmd(model: str, out: str, max_seq: int, dtype: str) -> None:
     from .frontend import catalog, hf
     lm = catalog.load(model).model.to(getattr(torch, dtype))
     hf.save_lowered(hf.lower_causal_lm(lm, max_seq), out, lm)
-    click.echo(f"wrote {out}.json and {out}.safetensors")
+    click.echo(f"wrote {out}/")
 
 
 @main.group()
@@ -352,8 +354,8 @@ def rules_list(model: str | None) -> None:
 @click.option("--seed", default=0, show_default=True, help="Seed of the candidate draws and sample inputs.")
 @click.option("--report", "report", is_flag=True,
               help="Also write the compile report (OUT/report.html, see 'kiln report').")
-@click.option("--lowered", "lowered_path", metavar="PATH",
-              help="Graphs saved by 'kiln lower' on a machine whose torch can export MODEL (this "
+@click.option("--lowered", "lowered_path", metavar="FOLDER",
+              help="A folder of graphs 'kiln lower' wrote on a machine whose torch can export MODEL (this "
                    "one's cannot); MODEL still gives the weights, the graphs their max-seq and dtype.")
 @click.option("--all-logits", is_flag=True,
               help="Prefill computes logits for every prompt position (for scoring a text); by "
@@ -370,7 +372,7 @@ def compile(model: str, out: str, backend: str, budget: str | None, max_seq: int
     import torch
     from .frontend import catalog, hf
     from pathlib import Path
-    from .runtime.artifact import check_writable
+    from .ir.artifact import check_writable
     from .compiler.driver import compile_lm, interrupted
     from .runtime.model import make_backend
     from .search.budget import parse_budget
@@ -379,8 +381,8 @@ def compile(model: str, out: str, backend: str, budget: str | None, max_seq: int
     if resume:
         interrupted(out)
     make_backend(backend)              # CuPy and a GPU, or a C compiler: before the model loads
-    if lowered_path and not os.path.exists(lowered_path + ".json"):
-        raise KilnError(f"kiln: no {lowered_path}.json; write it with 'kiln lower MODEL --out {lowered_path}'")
+    if lowered_path and not os.path.isdir(lowered_path):
+        raise KilnError(f"kiln: no folder {lowered_path}; write it with 'kiln lower MODEL --out {lowered_path}'")
     started = time.monotonic()
     click.echo(f"loading {model}")
     loaded = catalog.load(model)
@@ -440,7 +442,7 @@ def info(artifact: str) -> None:
     """What a compiled ARTIFACT holds: model, hardware, graphs, kernels and the search's figures."""
     import json
     from pathlib import Path
-    from .runtime.artifact import read_artifact
+    from .ir.artifact import read_artifact
     manifest, open_file, tensors = read_artifact(Path(artifact))
     report = json.loads(open_file("report.json"))
     hw = manifest.get("hardware", {})

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..ir import Graph, KilnError, decode
 from ..ir.last_position import last_position, prompt_args
-from ..runtime.artifact import check_writable
+from ..ir.artifact import check_writable
 from ..runtime.backend import Evicting
 from ..runtime.compiled import CompiledGraph
 from ..runtime.hardware import fingerprint_id

@@ -33,7 +33,7 @@ from pathlib import Path
 from ..ir import Graph
 from ..ir.errors import KilnError
 from ..ir.serialize import graph_from_json, graph_to_json
-from ..runtime.artifact import read_artifact, write_artifact
+from ..ir.artifact import read_artifact, write_artifact
 from ..search.budget import Deadline
 from ..search.tuner import Outcome
 from .measure import Measurer, Region

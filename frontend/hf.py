@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 from contextlib import contextmanager
-import os
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -319,13 +318,17 @@ def reference_generate(lm: LoweredLM, input_ids: list[int], max_new_tokens: int,
 SMALL_WEIGHT_BYTES = 1 << 20
 
 
-def save_lowered(lm: LoweredLM, path: str, model: torch.nn.Module | None = None) -> None:
-    """The two graphs as JSON, plus the small weights (norms, rotary tables, lifted constants) in
-    safetensors beside it: a machine whose torch cannot export the model compiles from these,
-    taking the others from its own copy of the model (`load_lowered`), which has every weight of
-    `model` (where given, none of those is saved: a small model's are all small)."""
+LOWERED = "lowered.json"
+
+
+def save_lowered(lm: LoweredLM, folder: str, model: torch.nn.Module | None = None) -> None:
+    """The two graphs as JSON, plus the small weights (norms, rotary tables, lifted constants), as
+    a folder written atomically and checked on load like an artifact: a machine whose torch cannot
+    export the model compiles from it, taking the other weights from its own copy of the model
+    (`load_lowered`), which has every weight of `model` (where given, none of those is saved: a
+    small model's are all small)."""
     import json
-    import safetensors.numpy
+    from ..ir.artifact import write_artifact
     from ..ir.serialize import graph_to_json
     theirs = set(_model_tensors(model)) if model is not None else set()
     small = {name: np.ascontiguousarray(w) for g in (lm.prefill, lm.decode)
@@ -335,11 +338,18 @@ def save_lowered(lm: LoweredLM, path: str, model: torch.nn.Module | None = None)
                         "max_seq": lm.cache.max_seq, "head_dim": lm.cache.head_dim,
                         "dtype": str(lm.cache.dtype).removeprefix("torch.")},
               "vocab_size": lm.vocab_size}
-    with open(path + ".json.tmp", "w") as f:
-        json.dump(record, f)
-    safetensors.numpy.save_file(small, path + ".safetensors.tmp")
-    os.replace(path + ".json.tmp", path + ".json")
-    os.replace(path + ".safetensors.tmp", path + ".safetensors")
+    write_artifact(Path(folder), {LOWERED: json.dumps(record)}, small)
+
+
+def read_lowered(folder: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """What `save_lowered` wrote: (the graphs' record, the small weights)."""
+    import json
+    from ..ir.artifact import read_artifact
+    manifest, read, small = read_artifact(Path(folder))
+    if LOWERED not in manifest.get("files", {}):
+        raise KilnError(f"kiln: {folder} holds no lowered graphs (`kiln lower MODEL --out {folder}` "
+                        "writes them)")
+    return json.loads(read(LOWERED)), small
 
 
 def _model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -348,16 +358,11 @@ def _model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             **{f"model.{k}": v for k, v in model.named_buffers()}}
 
 
-def load_lowered(path: str, model: torch.nn.Module) -> LoweredLM:
+def load_lowered(folder: str, model: torch.nn.Module) -> LoweredLM:
     """Graphs saved by `save_lowered`, with weights from `model` (same architecture and config)
     where it has them by name, else the saved small ones."""
-    import json
-    from safetensors import safe_open
     from ..ir.serialize import graph_from_json
-    with open(path + ".json") as f:
-        record = json.load(f)
-    with safe_open(path + ".safetensors", framework="np") as saved:
-        small = {name: saved.get_tensor(name) for name in saved.keys()}
+    record, small = read_lowered(folder)
     c = record["cache"]
     spec = CacheSpec(c["layers"], c["kv_heads"], c["max_seq"], c["head_dim"], getattr(torch, c["dtype"]))
     tensors = _model_tensors(model)
@@ -372,7 +377,7 @@ def load_lowered(path: str, model: torch.nn.Module) -> LoweredLM:
             elif name in small:
                 weights[name] = small[name]
             else:
-                raise KilnError(f"kiln: {path}.json needs weight '{name}', which the model lacks")
+                raise KilnError(f"kiln: {folder} needs weight '{name}', which the model lacks")
         graph.weights = weights
         graphs.append(graph)
     return LoweredLM(graphs[0], graphs[1], spec, int(record["vocab_size"]))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..compiler.driver import _journal_path
 from ..ir import KilnError
-from ..runtime.artifact import MANIFEST
+from ..ir.artifact import MANIFEST
 from ..search.tunedb import CandidateRecord, TuneDB
 from .svg import Bar, PALETTE, Series, bar_chart, step_chart
 

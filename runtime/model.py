@@ -17,7 +17,7 @@ from ..ir import DType, Graph, KilnError, regions as regionlib
 from ..ir.decode import decode_args
 from ..ir.last_position import prompt_args
 from ..ir.serialize import graph_from_json, graph_to_json, resolve_spec
-from .artifact import read_artifact, write_artifact
+from ..ir.artifact import read_artifact, write_artifact
 from .compiled import Choice, CompiledGraph
 from .hardware import describe_mismatch, fingerprint_id
 from ..ir.generation import generate_tokens

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from kiln.codegen.attention import as_attention
 from kiln.codegen.cuda_attention import attention_space
 from kiln.codegen.schedule import POLICIES, schedule
+from kiln.frontend.hf import read_lowered
 from kiln.ir.graph import Graph, is_weight
 from kiln.ir.last_position import last_position
 from kiln.ir.regions import split
@@ -36,8 +37,7 @@ POLICY = "inline12-bcast1-rows-attention"
 def llama_attention_kernel(lowered: str):
     """The fused attention kernel of the first layer of the lowered model's prefill, as the
     compiler schedules it."""
-    with open(lowered + ".json") as f:
-        graph = graph_from_json(json.load(f)["prefill"])
+    graph = graph_from_json(read_lowered(lowered)[0]["prefill"])
     graph.weights = {n.attrs["name"]: np.empty(0) for n in graph.weight_nodes()}
     layer = next(r for r in split(last_position(graph, at_length=True)) if r.label.startswith("layer"))
     program = Graph(inputs=[i for i in layer.inputs if not is_weight(i)], outputs=list(layer.outputs),

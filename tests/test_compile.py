@@ -193,7 +193,7 @@ def _tamper(src: Path, dst: Path, name: str, edit, resign: bool = False) -> Path
     checksums, as a consistent artifact written elsewhere (another machine, another Kiln) has."""
     import hashlib
     import shutil
-    from kiln.runtime.artifact import signed
+    from kiln.ir.artifact import signed
     shutil.copytree(src, dst)
     path = dst / name
     path.write_text(edit(path.read_text()))
@@ -415,6 +415,7 @@ def test_compile_from_graphs_lowered_elsewhere(tmp_path):
     lowered, out = tmp_path / "tiny", tmp_path / "art"
     proc = _cli("lower", TINY, "--out", str(lowered), "--max-seq", "24")
     assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    assert {p.name for p in lowered.iterdir()} == {"lowered.json", "weights.safetensors", "manifest.json"}
     proc = _cli("compile", TINY, "--lowered", str(lowered), "--out", str(out), "--db",
                 str(tmp_path / "d.sqlite"), "--budget", "5s")
     _, err = proc.communicate(timeout=600)
@@ -427,6 +428,14 @@ def test_compile_from_graphs_lowered_elsewhere(tmp_path):
         want = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, 4, dtype=torch.long),
                               max_new_tokens=8, do_sample=False)[0].tolist()
     assert compiled.generate(ids, max_new_tokens=8) == want
+
+
+def test_a_folder_without_lowered_graphs_is_refused_by_name(tmp_path):
+    from kiln.frontend.hf import read_lowered
+    from kiln.ir.artifact import write_artifact
+    write_artifact(tmp_path / "art", {"manifest.json": "{}"}, {})
+    with pytest.raises(kiln.KilnError, match="holds no lowered graphs.*kiln lower MODEL --out"):
+        read_lowered(str(tmp_path / "art"))
 
 
 def test_prefill_buckets_follow_max_seq():

@@ -19,7 +19,7 @@ from kiln.ir import DType, Graph, KilnError, Node, Op, run, sym
 from kiln.ir.decode import decode_args
 from kiln.ir.ops import IOTA_INDEX
 from kiln.ir.serialize import GRAPH_FORMAT, _decode, _encode, graph_from_json, graph_to_json, resolve_spec
-from kiln.runtime.artifact import ARTIFACT_FORMAT, read_artifact, write_artifact
+from kiln.ir.artifact import ARTIFACT_FORMAT, read_artifact, write_artifact
 
 from .helpers import tiny_llama
 
@@ -274,7 +274,7 @@ def test_read_only_parent_names_the_folder(tmp_path):
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
 def test_a_folder_no_file_can_be_made_in_is_refused_before_the_work():
     """os.access says yes to root everywhere; a file made and removed tells the truth."""
-    from kiln.runtime.artifact import check_writable
+    from kiln.ir.artifact import check_writable
     with pytest.raises(KilnError, match="cannot write /proc/forbidden"):
         check_writable(Path("/proc/forbidden"))
 
@@ -335,7 +335,7 @@ def test_bf16_weights_read_back_in_a_fresh_process(tmp_path):
     bf16 = DType.BF16.np
     write_artifact(tmp_path / "out", {"manifest.json": json.dumps({"model": "tiny"})},
                    {"w": np.arange(6, dtype=np.float32).astype(bf16).reshape(2, 3)})
-    code = ("import sys\nfrom kiln.runtime.artifact import read_artifact\n"
+    code = ("import sys\nfrom kiln.ir.artifact import read_artifact\n"
             "_, _, tensors = read_artifact(sys.argv[1])\n"
             "print(tensors['w'].dtype, tensors['w'].astype('float32').ravel().tolist())\n")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out")], capture_output=True, text=True)

@@ -23,8 +23,8 @@ import numpy as np
 import safetensors.numpy
 from safetensors import SafetensorError, safe_open
 
-from ..ir.dtypes import DType
-from ..ir.errors import KilnError
+from .dtypes import DType
+from .errors import KilnError
 
 ARTIFACT_FORMAT = 3
 MANIFEST = "manifest.json"
