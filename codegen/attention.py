@@ -39,7 +39,7 @@ from ..ir.symbolic import Expr
 from .c_emit import (COMPUTE, STORAGE, KernelConfig, _Body, index_code, literal, load_code,
                      reduction_accumulator, store_code)
 from .index import stride
-from .kernel import Apply, Const, Kernel, Load, Reduce, Scalar, free_vars, renamed
+from .kernel import Apply, Const, Kernel, Load, Reduce, Scalar, free_vars, nodes, rebuilt, renamed
 
 KEY = "kiln_j"          # the key position, in every piece after renaming
 DEPTH = "kiln_k"        # the head dimension the scores sum over
@@ -249,14 +249,8 @@ def _levels(x: Scalar) -> Scalar:
 
 
 def _reductions(x: Scalar) -> list[Reduce]:
-    found, stack = {}, [x]
-    while stack:
-        s = stack.pop()
-        if isinstance(s, Reduce):
-            found[s] = None
-        else:
-            stack.extend(s.children())
-    return list(found)
+    """x's outermost reductions."""
+    return [s for s in nodes(x, enter=lambda s: not isinstance(s, Reduce)) if isinstance(s, Reduce)]
 
 
 def _only_score(logit: Scalar) -> Reduce:
@@ -271,22 +265,7 @@ def _only_score(logit: Scalar) -> Reduce:
 
 def canonical(x: Scalar, score: Reduce) -> Scalar:
     """x with every copy of the score (whatever its variable's name) as `score`."""
-    memo: dict = {}
-
-    def go(s: Scalar) -> Scalar:
-        if s in memo:
-            return memo[s]
-        if isinstance(s, Reduce) and renamed(s, {s.var: DEPTH}) == score:
-            out = score
-        elif isinstance(s, Apply):
-            out = Apply(s.op, tuple(go(a) for a in s.args), s.dtype)
-        elif isinstance(s, Reduce):
-            out = Reduce(s.op, s.var, s.extent, go(s.body), s.dtype)
-        else:
-            out = s
-        memo[s] = out
-        return out
-    return go(x)
+    return rebuilt(x, lambda s: score if isinstance(s, Reduce) and renamed(s, {s.var: DEPTH}) == score else s)
 
 
 def _guards(guard: Scalar, keys: Expr, score: Reduce) -> tuple[Reduce, ...]:

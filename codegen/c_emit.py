@@ -10,7 +10,7 @@ from ..ir.dtypes import DType, accumulator
 from ..ir.ops import ELEMENTWISE, Op, lowest
 from ..ir.symbolic import Call, Expr
 from .kernel import (Apply, Bind, Const, InRange, IndexValue, Kernel, KernelConfig, Load, Reduce,
-                     Scalar, free_vars, renamed, staged_rows)
+                     Scalar, free_vars, nodes, renamed, staged_rows)
 
 # storage types; f16/bf16 are stored as their bits and computed in float
 STORAGE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DType.I32: "int32_t",
@@ -367,15 +367,7 @@ def _reductions_and_binds(values) -> tuple[list[Reduce], dict[str, Bind]]:
 
 def _inside(outer: Scalar, inner: Scalar) -> bool:
     """Whether `inner` occurs in `outer`'s value (itself excluded)."""
-    stack, seen = list(outer.children()), set()
-    while stack:
-        s = stack.pop()
-        if s == inner:
-            return True
-        if s not in seen:
-            seen.add(s)
-            stack.extend(s.children())
-    return False
+    return inner in nodes(*outer.children())
 
 
 class _CBody(_Body):

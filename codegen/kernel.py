@@ -3,12 +3,15 @@ scalar expression tree. Loads carry flat index expressions (views are already re
 them); a Reduce is a loop inside the expression; a Bind names a loaded integer (a gather index, a
 slice start) so index expressions can use it. Emitters hoist every subexpression to the
 outermost loop whose variables it uses, so one template covers elementwise chains, reductions
-with prologue and epilogue, GEMV and GEMM."""
+with prologue and epilogue, GEMV and GEMM. `nodes` (each node once, after its children) and
+`rebuilt` (bottom-up, through a visit) are the walks analyses and rewrites of it share; a walk
+that carries context down the tree (the reductions around a node, how often it runs) recurses
+itself."""
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..ir.dtypes import DType
 from ..ir.ops import Op
@@ -23,6 +26,10 @@ class Scalar:
 
     def children(self) -> tuple[Scalar, ...]:
         return ()
+
+    def with_children(self, children: tuple[Scalar, ...]) -> Scalar:
+        """This node over other children (a leaf has none)."""
+        return self
 
 
 def _scalar(cls):
@@ -83,6 +90,9 @@ class Apply(Scalar):
     def children(self):
         return self.args
 
+    def with_children(self, children):
+        return Apply(self.op, children, self.dtype)
+
 
 @_scalar
 class Reduce(Scalar):
@@ -96,6 +106,9 @@ class Reduce(Scalar):
     def children(self):
         return (self.body,)
 
+    def with_children(self, children):
+        return Reduce(self.op, self.var, self.extent, children[0], self.dtype)
+
 
 @_scalar
 class Bind(Scalar):
@@ -108,6 +121,38 @@ class Bind(Scalar):
 
     def children(self):
         return (self.value, self.body)
+
+    def with_children(self, children):
+        return Bind(self.var, children[0], children[1], self.dtype)
+
+
+def nodes(*values: Scalar, enter: Callable[[Scalar], bool] | None = None) -> list[Scalar]:
+    """Each distinct node of the values' trees once, every node after its children (iterative:
+    trees are deep); `enter(s)` false keeps the walk out of s's children. The walk the analyses
+    and rewrites of kernel IR share."""
+    order: list[Scalar] = []
+    done: set[Scalar] = set()
+    stack: list[tuple[Scalar, bool]] = [(v, False) for v in reversed(values)]
+    while stack:
+        s, expanded = stack.pop()
+        if expanded:
+            order.append(s)
+        elif s not in done:
+            done.add(s)
+            stack.append((s, True))
+            if enter is None or enter(s):
+                stack.extend((c, False) for c in reversed(s.children()) if c not in done)
+    return order
+
+
+def rebuilt(value: Scalar, visit: Callable[[Scalar], Scalar]) -> Scalar:
+    """value rebuilt bottom-up: each node over its children's rebuilt forms, then through visit."""
+    memo: dict[Scalar, Scalar] = {}
+    for s in nodes(value):
+        children = tuple(memo[c] for c in s.children())
+        same = all(new is old for new, old in zip(children, s.children()))
+        memo[s] = visit(s if same else s.with_children(children))
+    return memo[value]
 
 
 def free_vars(s: Scalar, memo: dict) -> frozenset[str]:
@@ -176,40 +221,26 @@ class BufferArg:
 
 def inner_vars(value: Scalar) -> set[str]:
     """The reduction and bind variables a value introduces."""
-    found, stack = set(), [value]
-    while stack:
-        s = stack.pop()
-        if isinstance(s, (Reduce, Bind)):
-            found.add(s.var)
-        stack.extend(s.children())
-    return found
+    return {s.var for s in nodes(value) if isinstance(s, (Reduce, Bind))}
 
 
 def renamed(value: Scalar, names: dict[str, str]) -> Scalar:
     """value with variables renamed everywhere: in indices, extents, reductions and binds."""
     env = {k: sym(v) for k, v in names.items()}
-    memo: dict[Scalar, Scalar] = {}
 
-    def go(s: Scalar) -> Scalar:
-        if s in memo:
-            return memo[s]
+    def rename(s: Scalar) -> Scalar:
         if isinstance(s, Load):
-            out = Load(s.buffer, substitute(s.index, env), s.dtype)
-        elif isinstance(s, IndexValue):
-            out = IndexValue(substitute(s.expr, env), s.dtype)
-        elif isinstance(s, InRange):
-            out = InRange(substitute(s.expr, env), substitute(s.lo, env), substitute(s.hi, env))
-        elif isinstance(s, Apply):
-            out = Apply(s.op, tuple(go(a) for a in s.args), s.dtype)
-        elif isinstance(s, Reduce):
-            out = Reduce(s.op, names.get(s.var, s.var), substitute(s.extent, env), go(s.body), s.dtype)
-        elif isinstance(s, Bind):
-            out = Bind(names.get(s.var, s.var), go(s.value), go(s.body), s.dtype)
-        else:
-            out = s
-        memo[s] = out
-        return out
-    return go(value)
+            return Load(s.buffer, substitute(s.index, env), s.dtype)
+        if isinstance(s, IndexValue):
+            return IndexValue(substitute(s.expr, env), s.dtype)
+        if isinstance(s, InRange):
+            return InRange(substitute(s.expr, env), substitute(s.lo, env), substitute(s.hi, env))
+        if isinstance(s, Reduce):
+            return Reduce(s.op, names.get(s.var, s.var), substitute(s.extent, env), s.body, s.dtype)
+        if isinstance(s, Bind):
+            return Bind(names.get(s.var, s.var), s.value, s.body, s.dtype)
+        return s
+    return rebuilt(value, rename)
 
 
 @dataclass(frozen=True)
@@ -287,7 +318,7 @@ def config_space(kernel: Kernel) -> list[KernelConfig]:
 
 
 def _has_reduce(s: Scalar) -> bool:
-    return isinstance(s, Reduce) or any(_has_reduce(c) for c in s.children())
+    return any(isinstance(x, Reduce) for x in nodes(s))
 
 
 def source_hash(source: str) -> str:

@@ -16,7 +16,7 @@ from ..ir.symbolic import Expr, prod, sym
 from .attention import as_attention
 from .index import interval, linear, reshape_index, substitute
 from .kernel import (Apply, Bind, BufferArg, Const, InRange, IndexValue, Kernel, Load, Reduce,
-                     Scalar, Write, inner_vars, renamed, row_reductions, split_reductions)
+                     Scalar, Write, inner_vars, nodes, renamed, row_reductions, split_reductions)
 
 
 @dataclass(frozen=True)
@@ -643,14 +643,11 @@ def _symbols_used(loops, value: Scalar, store: Expr) -> set[str]:
     names = set(store.symbols())
     for _, n in loops:
         names |= n.symbols()
-    stack = [value]
-    while stack:
-        s = stack.pop()
+    for s in nodes(value):
         for e in (getattr(s, "index", None), getattr(s, "expr", None), getattr(s, "lo", None),
                   getattr(s, "hi", None), getattr(s, "extent", None)):
             if e is not None:
                 names |= e.symbols()
-        stack.extend(s.children())
     return names
 
 

@@ -554,3 +554,18 @@ def test_every_elementwise_op_of_the_table_has_its_c():
     from kiln.codegen.c_emit import OP_CODE
     from kiln.ir.ops import ELEMENTWISE
     assert set(OP_CODE) == set(ELEMENTWISE)
+
+
+def test_the_kernel_ir_walk_visits_each_node_once_after_its_children():
+    from kiln.codegen.kernel import Apply, Load, Reduce, nodes, rebuilt, renamed
+    x = Load("b0", sym("i") * 4 + sym("k"), DType.F32)
+    product = Apply(Op.MUL, (x, x), DType.F32)
+    total = Reduce(Op.SUM_REDUCE, "k", Expr.of(4), product, DType.F32)
+    value = Apply(Op.ADD, (total, product), DType.F32)
+    order = nodes(value)
+    assert order == [x, product, total, value]              # shared subtrees once, children first
+    assert nodes(value, enter=lambda s: not isinstance(s, Reduce)) == [total, x, product, value]
+    assert rebuilt(value, lambda s: s) is value               # nothing changed: the same tree
+    moved = renamed(value, {"i": "j", "k": "m"})
+    assert moved.args[0].var == "m" and moved.args[0].body.args[0].index == sym("j") * 4 + sym("m")
+    assert moved.args[1].args[0].index == sym("j") * 4 + sym("m")     # free here: renamed too
