@@ -256,7 +256,8 @@ def rules() -> None:
 
 
 def _selected_rulesets(topics: tuple[str, ...], files: tuple[str, ...]) -> list:
-    from .rewrites.registry import library, load_file
+    from .rewrites.registry import library
+    from .search.rulesets import load_file
     lib = library()
     unknown = [t for t in topics if t not in lib]
     if unknown:

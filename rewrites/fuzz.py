@@ -27,7 +27,8 @@ from ..search.adapter import Decoder, EClass, ENode
 from ..search.dsl import Rule
 from ..search.saturate import Limits, Saturated, saturate
 from .fuzz_programs import SYMBOLS, Draw, Program, describe, draw_inputs, held_constants, random_program
-from .registry import Ruleset, library
+from ..search.rulesets import Ruleset
+from .registry import library
 
 LIMITS = Limits(max_enodes=3000, max_iterations=8, max_seconds=5.0)
 # Sound rewrites of floats may round differently (x * 2 -> x + x is exact, (a + b) + c -> a + (b + c)

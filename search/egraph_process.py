@@ -202,7 +202,7 @@ def serve(parent: int, memory_bytes: int) -> None:
 
 def _saturate(request: dict, limits, send) -> None:
     from ..ir.serialize import graph_from_json
-    from ..rewrites.registry import find
+    from .rulesets import find
     from .adapter import encode
     from .saturate import _run_stages
     enc = encode(graph_from_json(request["program"]).outputs)

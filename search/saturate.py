@@ -26,7 +26,7 @@ from egglog import EGraph, ruleset
 
 from ..ir import Graph, KilnError
 from ..ir.serialize import graph_to_json
-from ..rewrites.registry import Ruleset
+from .rulesets import Ruleset
 from . import egraph_process
 from .adapter import EGraphView, Encoded, dump, encode, new_egraph, view
 from .language import CONSTRUCTORS
@@ -108,7 +108,7 @@ def _run_stages(enc: Encoded, stages: list[tuple[str, list]], analysis: list, li
 
 
 def _plan(rulesets: list[Ruleset]) -> tuple[list[tuple[str, list]], list]:
-    from ..rewrites.registry import STAGES
+    from .rulesets import STAGES
     analysis = [r for rs in rulesets if rs.stage == "analysis" for r in rs.rules]
     stages = [(stage, [r for rs in rulesets if rs.stage == stage for r in rs.rules])
               for stage in STAGES if stage != "analysis"]

@@ -9,7 +9,8 @@ from kiln.cli import main
 from kiln.ir import DType, Node, Op
 from kiln.ir.symbolic import Expr
 from kiln.rewrites.fuzz import check
-from kiln.rewrites.registry import Ruleset, library, load_file
+from kiln.rewrites.registry import library
+from kiln.search.rulesets import Ruleset, load_file
 from kiln.search.saturate import Limits, saturate
 
 TINY_LLAMA = ("hf:LlamaForCausalLM hidden_size=32 intermediate_size=64 num_hidden_layers=1 "

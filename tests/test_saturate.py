@@ -8,7 +8,8 @@ import pytest
 
 from kiln.ir import DType, KilnError, Node, Op
 from kiln.ir.symbolic import Expr
-from kiln.rewrites.registry import Ruleset, library, load_file
+from kiln.rewrites.registry import library
+from kiln.search.rulesets import Ruleset, load_file
 from kiln.search.saturate import Limits, saturate
 
 
