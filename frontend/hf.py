@@ -216,8 +216,12 @@ class LoweredLM:
 def cache_spec(model: torch.nn.Module, max_seq: int) -> CacheSpec:
     """The static KV cache a causal LM gets for max_seq positions; refuses what it cannot hold."""
     config = model.config.get_text_config()
-    if "sliding_attention" in (getattr(config, "layer_types", None) or []):
-        raise KilnError("kiln: sliding-window attention layers are not supported by the static KV cache")
+    window = getattr(config, "sliding_window", None)
+    if "sliding_attention" in (getattr(config, "layer_types", None) or []) and (window is None or max_seq > window):
+        # within the window every layer sees every cached position: the static cache holds them all
+        raise KilnError(f"kiln: this model's sliding-window layers attend to the last {window} positions, which "
+                        f"the static KV cache of {max_seq} positions cannot hold apart: use --max-seq {window} "
+                        "or less")
     limit = getattr(config, "max_position_embeddings", None)
     if limit is not None and max_seq > limit:
         raise ShapeError(f"kiln: max_seq={max_seq} exceeds the model's max_position_embeddings={limit}")

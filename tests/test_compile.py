@@ -21,7 +21,7 @@ import torch
 import kiln
 from kiln import KilnError, ShapeError
 from kiln.ir.compare import agrees
-from tests.helpers import tiny_llama
+from tests.helpers import TINY_MOES, tiny_llama
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 TINY = ("hf:LlamaForCausalLM vocab_size=64 hidden_size=32 intermediate_size=64 num_hidden_layers=2 "
@@ -393,18 +393,16 @@ def test_unwritable_output_folder_is_a_clear_error(tmp_path):
     assert proc.returncode == 1 and "kiln:" in err and "Traceback" not in err
 
 
-def test_a_mixture_of_experts_lm_compiles_to_transformers_greedy_tokens(tmp_path):
-    """A tiny Mixtral (4 experts, 2 a token: the router's top-k lowered as rounds of max) compiled
-    for the CPU generates transformers' greedy continuation."""
-    import transformers
-    config = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-                                        num_experts_per_tok=2)
+@pytest.mark.parametrize("family", sorted(TINY_MOES))
+def test_a_mixture_of_experts_lm_compiles_to_transformers_greedy_tokens(family, tmp_path):
+    """Tiny Mixtral, Qwen3-MoE, OLMoE and GPT-OSS (4 experts, 2 a token: the router's top-k
+    lowered as rounds of max), compiled for the CPU, generate transformers' greedy continuation
+    for 32 tokens."""
     torch.manual_seed(0)
-    model = transformers.MixtralForCausalLM(config).eval()
-    compiled = kiln.compile_lm(model, max_seq=32, budget="8s", db=tmp_path / "tune.sqlite", progress=False)
+    model = TINY_MOES[family]().eval()
+    compiled = kiln.compile_lm(model, max_seq=48, budget="8s", db=tmp_path / "tune.sqlite", progress=False)
     for ids in ([3, 1, 4, 1, 5], [7]):
-        assert compiled.generate(ids, max_new_tokens=12) == _greedy(model, ids, 12)
+        assert compiled.generate(ids, max_new_tokens=32) == _greedy(model, ids, 32)
 
 
 def test_compile_from_graphs_lowered_elsewhere(tmp_path):

@@ -7,7 +7,6 @@ relative error (max |out - ref| / max |ref|) of at most 1e-4, on random inputs.
 from __future__ import annotations
 
 import inspect
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -20,6 +19,8 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
 
 import kiln
 from kiln.frontend import hf
+
+from .helpers import TINY_MOES
 
 TOLERANCE = 1e-4
 EXPORT_LEN, RUN_LENS = 7, (5, 13)   # lowered at one length, checked at two others
@@ -165,22 +166,8 @@ def tiny_gpt2() -> nn.Module:
                                       bos_token_id=0, eos_token_id=0))
 
 
-def tiny_moe(arch: str, **experts) -> Callable[[], nn.Module]:
-    """A mixture-of-experts LM as transformers builds it (its default "grouped_mm" experts, which
-    lower_causal_lm exports as "batched_mm"): 4 experts, 2 a token, in every layer."""
-    def make() -> nn.Module:
-        import transformers
-        config = getattr(transformers, arch.replace("ForCausalLM", "Config"))(
-            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=128, num_experts_per_tok=2, **experts)
-        return getattr(transformers, arch)(config)
-    return make
-
-
 TINY_LMS = {"llama": tiny_llama, "qwen2": tiny_qwen2, "gpt2": tiny_gpt2}
-MOE_LMS = {"mixtral": tiny_moe("MixtralForCausalLM", num_local_experts=4),
-           "qwen3_moe": tiny_moe("Qwen3MoeForCausalLM", num_experts=4, moe_intermediate_size=64),
-           "olmoe": tiny_moe("OlmoeForCausalLM", num_experts=4)}
+MOE_LMS = TINY_MOES
 CAUSAL_LMS = [*TINY_LMS, *MOE_LMS, pytest.param("smollm2", marks=pytest.mark.slow)]
 TINY_MAX_SEQ = 32
 
@@ -332,3 +319,17 @@ def test_a_mixture_of_experts_lm_lowers_with_batched_experts_and_keeps_its_own(n
     with torch.no_grad():
         want = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=8, do_sample=False)[0].tolist()
     assert ids + hf.reference_generate(lm, ids, 8) == want
+
+
+def test_sliding_window_layers_lower_within_their_window_and_are_refused_beyond_it():
+    """GPT-OSS alternates sliding-window and full layers: a static cache no longer than the window
+    is what every layer sees; a longer one would need the window's own cache, so it is refused,
+    saying how long it may be."""
+    import transformers
+    config = transformers.GptOssConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                                       num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                       num_local_experts=2, num_experts_per_tok=1, sliding_window=16)
+    model = transformers.GptOssForCausalLM(config).eval()
+    assert hf.cache_spec(model, 16).max_seq == 16
+    with pytest.raises(kiln.KilnError, match="last 16 positions.*--max-seq 16 or less"):
+        hf.cache_spec(model, 17)
