@@ -305,7 +305,8 @@ def rules_list(model: str | None) -> None:
     """List the library's rules; with MODEL, how often each matched when its lowered prefill
     graph was saturated.
 
-    Each rule with its stage and why; disabled rules with their reason.
+    Each rule with its stage and why ("finite-only": sound within rounding wherever both sides
+    stay finite, as a reassociated product is); disabled rules with their reason.
     """
     from .rewrites.registry import library
     lib = library()
@@ -328,7 +329,7 @@ def rules_list(model: str | None) -> None:
     for topic, rs in sorted(lib.items(), key=lambda kv: kv[0]):
         for r in rs.rules:
             count = (str(fired.get(r.full_name, 0)),) if fired is not None else ()
-            rows.append((r.full_name, rs.stage, *count, r.why))
+            rows.append((r.full_name, rs.stage, *count, ("finite-only: " if r.finite_only else "") + r.why))
     click.echo(_columns(rows, indent=""))
     disabled = [(rule.full_name, reason) for _, rs in sorted(lib.items())
                 for reason, rule in rs.disabled.values()]

@@ -348,6 +348,17 @@ class _Builder:
         rhs = Node(Op.EXPAND, [Node(Op.RESHAPE, [w], shape=(*batch, *one, k, j))], shape=full)
         return Node(Op.SUM_REDUCE, [Node(Op.MUL, [lhs, rhs])], axis=len(full) - (1 if over_j else 2)), None
 
+    def matrix_chain(self):
+        """Three matrices as two products, (A·B)·X or A·(B·X), X sometimes a column (whose
+        broadcast the frontend leaves out)."""
+        m, k, n = self.dim(), self.dim(), self.dim()
+        p = Expr.of(1) if self.coin(0.5) else self.dim()
+        dtype = self.choice([DType.F32, DType.BF16])
+        a, b, x = (self.new_input(shape, dtype) for shape in ((m, k), (k, n), (n, p)))
+        if self.coin(0.5):
+            return _product(_product(a, b), x), None
+        return _product(a, _product(b, x)), None
+
     def rms_norm(self):
         """RMSNorm over the last of 64 features as the frontend lowers it, x * 1/sqrt(sum(x * x) * c
         + eps) with c (the mean's 1/n) an input, as in a region; 64 is split by every factor."""
@@ -407,6 +418,18 @@ class _Builder:
         return Node(Op.SLICE_UPDATE, [dst, src, start], axis=axis), None
 
 
+def _product(a: Node, b: Node) -> Node:
+    """a [m, k] times b [k, n] as the frontend lowers it: no broadcast to a shape already held."""
+    (m, k), n = a.shape, b.shape[1]
+    left, right = Node(Op.RESHAPE, [a], shape=(m, k, Expr.of(1))), Node(Op.RESHAPE, [b], shape=(Expr.of(1), k, n))
+    full = (m, k, n)
+    if left.shape != full:
+        left = Node(Op.EXPAND, [left], shape=full)
+    if right.shape != full:
+        right = Node(Op.EXPAND, [right], shape=full)
+    return Node(Op.SUM_REDUCE, [Node(Op.MUL, [left, right])], axis=1)
+
+
 def _not(c: Node) -> Node:
     """not c, as the frontend lowers logical_not: where(c, false, true)."""
     return Node(Op.WHERE, [c, *(build.constant(v, DType.BOOL, c.shape) for v in (False, True))])
@@ -424,6 +447,7 @@ STEPS = {  # step -> weight
     "cast": 1, "permute": 1.5, "reshape": 1.5, "expand": 1.5, "slice": 1, "pad": 1, "concat": 1,
     "iota": 0.5, "matmul": 1.2, "gather": 0.5, "slice_update": 0.5, "viewed_unary": 1.5,
     "expand_twice": 0.5, "rms_norm": 0.4, "softmax_pv": 0.6,
+    "matrix_chain": 0.3,
 }
 _NAMES, _WEIGHTS = list(STEPS), np.array(list(STEPS.values())) / sum(STEPS.values())
 

@@ -66,19 +66,22 @@ class Rule:
     why: str
     egg: Any
     source: str = ""    # the module or rule file that defines it, where a fresh process finds it
+    # sound within rounding only where both sides stay finite (a reassociated product may
+    # overflow in one order only); the fuzzer checks it on that contract
+    finite_only: bool = False
 
     @property
     def full_name(self) -> str:
         return f"{self.topic}/{self.name}"
 
 
-def rewrites(topic: str, table: Iterable[tuple]) -> list[Rule]:
+def rewrites(topic: str, table: Iterable[tuple], finite_only: bool = False) -> list[Rule]:
     """Rules from rows (name, why, lhs, rhs, *conditions): when lhs matches and the conditions
     hold, rhs joins lhs's e-class."""
     out = []
     for name, why, lhs, rhs, *conditions in table:
         egg = rule(lhs, *conditions, name=f"{topic}/{name}").then(union(lhs).with_(rhs))
-        out.append(Rule(topic, name, why, egg))
+        out.append(Rule(topic, name, why, egg, finite_only=finite_only))
     return out
 
 

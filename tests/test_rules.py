@@ -1,5 +1,6 @@
 """The rule library and its soundness fuzzer: every shipped ruleset passes; planted wrong rules,
 and rules that never fire, are caught and named; the disabled rule really blows up; `kiln rules`."""
+import dataclasses
 import textwrap
 
 import pytest
@@ -102,6 +103,34 @@ def test_a_planted_wrong_rule_is_caught_and_named(planted):
     text = report.format()
     assert "UNSOUND planted/mul-one-is-add-one" in text and "Mul(" in text and "Add(" in text
     assert "planted/mul-two" not in text.split("\n\n")[0]  # the sound rules are not blamed
+
+
+def test_a_finite_only_rule_is_held_to_its_contract(tmp_path):
+    """The matrix-chain rules disagree with the program on draws that overflow (the fuzzer's
+    infinities make A·B inf and (A·B)·x NaN where A·(B·x) is finite): marked finite-only they
+    pass; the same rule unmarked is convicted; and a finite-only rule wrong on finite values, a
+    chain that doubles, is still caught."""
+    contraction = library()["contraction"]
+    chains = [r for r in contraction.rules if r.name.startswith("matrix-chain")]
+    assert chains and all(r.finite_only for r in chains)
+    assert check([Ruleset("contraction", "reductions", chains)], programs=120).ok
+    unmarked = [dataclasses.replace(r, finite_only=False) for r in chains]
+    assert check([Ruleset("contraction", "reductions", unmarked)], programs=120).unsound
+    path = rule_file(tmp_path, "chain", """
+        from kiln.search.dsl import add, dims, expand, i64, mul, reshape, rewrites, sum_reduce, terms
+
+        STAGE = "reductions"
+        a, b, x = terms("a b x")
+        left, right, t, outer_left, outer_right, wide = dims("left right t outer_left outer_right wide")
+        inner = sum_reduce(mul(expand(reshape(a, left), t), expand(reshape(b, right), t)), i64(1))
+        chain = sum_reduce(mul(expand(reshape(inner, outer_left), wide), expand(reshape(x, outer_right), wide)),
+                           i64(1))
+        RULES = rewrites("planted", [
+            ("chain-doubles", "(A·B)·X = (A·B)·X + (A·B)·X (wrong on purpose)", chain, add(chain, chain)),
+        ], finite_only=True)
+    """)
+    report = check([load_file(path)], programs=200)
+    assert [u.rule.full_name for u in report.unsound] == ["planted/chain-doubles"], report.format()
 
 
 def test_a_rule_that_drops_a_reduction_is_caught(tmp_path):
