@@ -300,14 +300,19 @@ def rules_check(topics: tuple[str, ...], files: tuple[str, ...], programs: int, 
 
 @rules.command("list")
 @click.argument("model", required=False)
+@click.option("--artifact", type=click.Path(), help="A compiled artifact: per region, the rewrites its "
+              "winner needs (without any one of them the e-graph no longer holds it) and the rules that fired.")
 @_clean_errors
-def rules_list(model: str | None) -> None:
+def rules_list(model: str | None, artifact: str | None) -> None:
     """List the library's rules; with MODEL, how often each matched when its lowered prefill
-    graph was saturated.
+    graph was saturated; with --artifact, which of them each region's winner needs.
 
     Each rule with its stage and why ("finite-only": sound within rounding wherever both sides
     stay finite, as a reassociated product is); disabled rules with their reason.
     """
+    if artifact is not None:
+        _winner_rules(artifact)
+        return
     from .rewrites.registry import library
     lib = library()
     fired: dict[str, int] | None = None
@@ -336,6 +341,32 @@ def rules_list(model: str | None) -> None:
     if disabled:
         click.echo("\ndisabled (kept out of every stage):")
         click.echo(_columns(disabled))
+
+
+def _winner_rules(artifact: str) -> None:
+    import json
+    from pathlib import Path
+    from .ir.artifact import read_artifact
+    from .rewrites.registry import library
+    _, open_file, _ = read_artifact(Path(artifact))
+    facts = {r.full_name for rs in library().values() if rs.stage == "analysis" for r in rs.rules}
+    for name, graph in json.loads(open_file("report.json")).get("graphs", {}).items():
+        for r in graph["regions"]:
+            fired = sorted({rule for s in r["stages"] for rule, n in s["matches"].items() if n and rule not in facts})
+            if r["winner"].startswith("original/"):
+                needs = "the program as lowered: no rewrite"
+            elif "rules" not in r:
+                needs = "not recorded by this compile"
+            else:
+                needs = ", ".join(r["rules"]) or "none of the rules that fired"
+                if r.get("rules_undecided"):
+                    needs += f" (not checked in time: {', '.join(r['rules_undecided'])})"
+            p = r["progress"]
+            gain = f", {p['first_valid_s'] / p['best_s']:.2f}x over the program as lowered" if (
+                p.get("first_valid_s") and p.get("best_s")) else ""
+            click.echo(f"{name} / {r['label']}: winner {r['winner']}{gain}")
+            click.echo(f"  needs: {needs}")
+            click.echo(f"  fired: {', '.join(fired) or 'none'}")
 
 
 @main.command()

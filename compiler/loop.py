@@ -18,6 +18,8 @@ from ..rewrites.registry import library
 from ..runtime.compiled import Choice, CompiledGraph, read_inputs, region_graph, replays
 from ..runtime.executor import fixed_symbols
 from ..search.budget import Deadline
+from ..search import extract
+from ..search.provenance import rules_used
 from ..search.saturate import Limits, StageReport, saturate
 from ..search.tunedb import TuneDB
 from ..search.tuner import Progress, RegionTuner
@@ -27,6 +29,8 @@ from .worker import IsolatedEvaluate
 
 # of a region's share of the budget, the search's; the rest measures and times its finalists
 SEARCH_SHARE = 0.75
+# past the share, at most this much of it more to find the rules a rewritten winner needs
+PROVENANCE_SHARE = 0.05
 
 
 @dataclass
@@ -44,6 +48,8 @@ class RegionReport:
     saturate_s: float
     search_s: float
     kernels: list[dict] = field(default_factory=list)   # the winner's, with times and traffic
+    rules: list[str] = field(default_factory=list)      # the rewrites the winner needs
+    rules_undecided: list[str] = field(default_factory=list)   # fired, not checked in time
 
 
 @dataclass
@@ -139,10 +145,25 @@ def _search_region(graph, key, group, feeds, env, backend, db, fingerprint, comp
                         isolated or measurer.evaluate, end_to_end, db, compile_id, seed,
                         lambda p, d=deadline: on_progress(p, d.remaining()))
     winner = tuner.run(deadline, max_candidates)
+    rules_needed, undecided = _rules_used(rep, rules, saturated, winner, share)
     _, program, configs = measurer.build(winner.outputs, winner.variant)
     choices[key] = Choice(winner.outputs, winner.variant, configs)
     report.kernels_measured += measurer.kernels_measured
     report.regions.append(RegionReport(
         key, label, len(group), rep.size, saturated.stages, winner.progress, winner.key,
         winner.variant, winner.estimate_s, winner.end_to_end_s, saturate_s,
-        time.monotonic() - t0 - saturate_s, measurer.kernel_report(program, configs)))
+        time.monotonic() - t0 - saturate_s, measurer.kernel_report(program, configs), rules_needed, undecided))
+
+
+def _rules_used(rep, rules, saturated, winner, share: Deadline) -> tuple[list[str], list[str]]:
+    """The rewrites the winner needs (none for the program as lowered), found by saturating again
+    without each rule that fired, within the share or PROVENANCE_SHARE of it past its end."""
+    if winner.genome is None:
+        return [], []
+    rewrites = {r.full_name for rs in rules if rs.stage != "analysis" for r in rs.rules}
+    fired = sorted({name for stage in saturated.stages for name, n in stage.matches.items()
+                    if n and name in rewrites})
+    stop = Deadline(max(share.remaining(), PROVENANCE_SHARE * share.seconds))
+    choice = extract.choice(saturated.graph, winner.genome)
+    return rules_used(rep.outputs, rules, fired, saturated.graph, choice,
+                      Limits(max_seconds=max(1.0, stop.remaining() / 4)), lambda: stop.expired)

@@ -238,9 +238,11 @@ def _regions_table(regions: list[dict], finished: bool, total_e2e: float) -> str
         share = r["end_to_end_s"] * r["count"] / total_e2e if total_e2e else math.nan
         rows.append([r["label"], r["count"], r["nodes"], *_progress_cells(r["progress"]),
                      _s(r["end_to_end_s"]), _pct(share), Raw(f"<code>{escape(r['winner'])}</code>"),
-                     _s(r["saturate_s"]), _s(r["search_s"]), _per_minute(r["progress"]["tried"], r["search_s"])])
-    return _table(["region", "repeats", "IR nodes", "tried", "valid", "first valid", "best estimate",
-                   "gain", "end to end", "share", "winner", "saturate", "search", "candidates a minute"], rows)
+                     ", ".join(r.get("rules", [])) or ("none" if "rules" in r else "-"), _s(r["saturate_s"]),
+                     _s(r["search_s"]), _per_minute(r["progress"]["tried"], r["search_s"])])
+    return _table(["region", "repeats", "IR nodes", "tried", "valid", "first valid", "best estimate", "gain",
+                   "end to end", "share", "winner", "rewrites it needs", "saturate", "search", "candidates a minute"],
+                  rows)
 
 
 def _per_minute(tried: int, seconds: float | None) -> str:
@@ -389,18 +391,37 @@ def _rules(r: dict) -> str:
                 entry = fired.setdefault(rule, [0, []])
                 entry[0] += n
                 entry[1].append(s["stage"])
-    out = ["<h4>Rules that fired in this region</h4>"]
-    if r["winner"].startswith(ORIGINAL):
-        out.append("<p><b>The winner is the program as lowered: it uses no rewrite.</b></p>")
-    out.append("<p class=\"note\">Kiln records which rules matched while saturating this region, not "
-               "which rewrites the winner was extracted through: the winner can depend only on rules "
-               "listed here, not necessarily on all of them.</p>")
+    out = ["<h4>Rewrites the winner uses</h4>", _winner_rules(r), "<h4>Rules that fired in this region</h4>"]
+    needed = set(r.get("rules", []))
     ranked = sorted(fired.items(), key=lambda kv: -kv[1][0])
-    rows = [[rule, n, ", ".join(stages)] for rule, (n, stages) in ranked]
-    out.append(_table(["rule", "matches", "stages"], rows) if rows else "<p>No rule matched.</p>")
+    rows = [[rule, n, ", ".join(stages), "yes" if rule in needed else ""] for rule, (n, stages) in ranked]
+    out.append(_table(["rule", "matches", "stages", "the winner needs it"], rows) if rows
+               else "<p>No rule matched.</p>")
     if tried - fired.keys():
         out.append(f"<p class=\"note\">{len(tried - fired.keys())} more rules were run and never "
                    "matched.</p>")
+    return "\n".join(out)
+
+
+def _winner_rules(r: dict) -> str:
+    """The rules the winner needs: without any one of them (the others kept) the e-graph no longer
+    holds it (search/provenance.py)."""
+    if r["winner"].startswith(ORIGINAL):
+        return "<p><b>The winner is the program as lowered: it uses no rewrite.</b></p>"
+    if "rules" not in r:   # an artifact from before the compile recorded them
+        return "<p class=\"note\">This compile did not record which rewrites its winner needs.</p>"
+    out = []
+    if r["rules"]:
+        gain = _progress_cells(r["progress"])[4]
+        out.append(f"<p>The winner ({gain} over the program as lowered, by estimate) is reached "
+                   "through these rewrites; without any one of them the e-graph no longer holds it:</p>")
+        out.append("<ul>" + "".join(f"<li><code>{escape(name)}</code></li>" for name in r["rules"]) + "</ul>")
+    else:
+        out.append("<p>The winner differs from the program as lowered only in how the e-graph spells it: "
+                   "it needs none of the rules that fired.</p>")
+    if r.get("rules_undecided"):
+        out.append(f"<p class=\"note\">Not checked in the time left ({len(r['rules_undecided'])} rules): "
+                   + ", ".join(f"<code>{escape(n)}</code>" for n in r["rules_undecided"]) + ".</p>")
     return "\n".join(out)
 
 

@@ -253,6 +253,15 @@ class _Builder:
             perm = perm[1:] + perm[:1]
         return Node(Op.PERMUTE, [x], perm=perm), lambda t: Node(Op.PERMUTE, [t], perm=perm)
 
+    def permuted_pair(self):
+        """Two operands permuted alike, then added or multiplied (as a transposed product's
+        operands meet)."""
+        x = self.pick(lambda n: n.rank >= 2)
+        y = self.partner(x, same=0.1)
+        perm = tuple(int(p) for p in self.rng.permutation(x.rank))
+        op = self.choice([Op.ADD, Op.MUL])
+        return Node(op, [Node(Op.PERMUTE, [x], perm=perm), Node(Op.PERMUTE, [y], perm=perm)]), None
+
     def reshape(self):
         x = self.pick()
         shape = list(x.shape)
@@ -447,7 +456,7 @@ STEPS = {  # step -> weight
     "cast": 1, "permute": 1.5, "reshape": 1.5, "expand": 1.5, "slice": 1, "pad": 1, "concat": 1,
     "iota": 0.5, "matmul": 1.2, "gather": 0.5, "slice_update": 0.5, "viewed_unary": 1.5,
     "expand_twice": 0.5, "rms_norm": 0.4, "softmax_pv": 0.6,
-    "matrix_chain": 0.3,
+    "matrix_chain": 0.3, "permuted_pair": 0.3,
 }
 _NAMES, _WEIGHTS = list(STEPS), np.array(list(STEPS.values())) / sum(STEPS.values())
 

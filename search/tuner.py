@@ -57,6 +57,7 @@ class Winner:
     estimate_s: float
     end_to_end_s: float
     progress: Progress
+    genome: tuple | None = None        # its choice in the e-graph (None: the program as lowered)
 
 
 class RegionTuner:
@@ -71,7 +72,7 @@ class RegionTuner:
         self.progress = Progress(label)
         self.on_progress = on_progress
         self.scored: dict[tuple, float] = {}          # genome -> best estimate over variants
-        self.ok: list[tuple[float, str, str, list[Node]]] = []   # estimate, key, variant, outputs
+        self.ok: list[tuple] = []          # estimate, key, variant, outputs, genome
         self.start = time.monotonic()
 
     def run(self, deadline: Deadline, max_candidates: int) -> Winner:
@@ -117,7 +118,7 @@ class RegionTuner:
         p.tried += 1
         if outcome.status == "ok":
             p.valid += 1
-            self.ok.append((outcome.estimate_s, key, variant, outputs))
+            self.ok.append((outcome.estimate_s, key, variant, outputs, genome))
             if p.first_valid_s is None:
                 p.first_valid_s = outcome.estimate_s
             p.best_s = min(p.best_s or outcome.estimate_s, outcome.estimate_s)
@@ -133,13 +134,13 @@ class RegionTuner:
                             "(the tuning database's candidates table says why)")
         finalists = sorted(self.ok, key=lambda row: row[0])[:FINALISTS]
         timed = []
-        for estimate, key, variant, outputs in finalists:
+        for estimate, key, variant, outputs, genome in finalists:
             record = self.db.candidate(self.compile_id, self.region, key)
             seconds = record.end_to_end_s if record and record.end_to_end_s else None
             if seconds is None:
                 seconds = self.end_to_end(outputs, variant)
                 self.db.record_candidate(self.compile_id, self.region, key, "ok", estimate,
                                          end_to_end_s=seconds)
-            timed.append((seconds, estimate, key, variant, outputs))
-        seconds, estimate, key, variant, outputs = min(timed, key=lambda row: row[0])
-        return Winner(key, variant, outputs, estimate, seconds, self.progress)
+            timed.append((seconds, estimate, key, variant, outputs, genome))
+        seconds, estimate, key, variant, outputs, genome = min(timed, key=lambda row: row[0])
+        return Winner(key, variant, outputs, estimate, seconds, self.progress, genome)

@@ -73,6 +73,10 @@ def test_page_shows_the_search_kernels_stages_and_hardware(compiled, page):
                 assert f"<td>{escape(stage['stage'])}</td>" in html
             if region["winner"].startswith("original/"):
                 assert "The winner is the program as lowered: it uses no rewrite." in html
+            else:   # the rewrites it needs, each a rule that fired
+                fired = {name for stage in region["stages"] for name, n in stage["matches"].items() if n}
+                assert set(region["rules"]) <= fired
+                assert all(f"<li><code>{escape(name)}</code></li>" in html for name in region["rules"])
             # a region whose run whole differs from its kernels' sum says why
             ratio = region["end_to_end_s"] / region["estimate_s"]
             if not 2 / 3 < ratio < 3 / 2:
@@ -83,7 +87,7 @@ def test_page_shows_the_search_kernels_stages_and_hardware(compiled, page):
         rate = head.index("candidates a minute")
         assert rows and all(float(row[rate]) > 0 for row in rows)
     assert html.count("<svg") >= 4 * len(report["graphs"])
-    assert "Rules that fired in this region" in html and "not necessarily on all of them" in html
+    assert "Rules that fired in this region" in html and "Rewrites the winner uses" in html
     assert "<b>outer</b> = which output loop runs outermost" in html   # the configuration legend
 
 

@@ -194,7 +194,7 @@ def test_a_softmax_factor_without_its_mask_is_caught(tmp_path):
                                           expand(reshape(factor, pv.remove(axis)), wide.remove(axis))),
                                       *SOFTMAX, *PV)])
     """)
-    (unsound,) = check([load_file(path)]).unsound
+    (unsound,) = check([load_file(path)], programs=400).unsound
     assert unsound.rule.full_name == "planted/unmasked-factor" and "nan" in unsound.issue.detail
 
 

@@ -1,0 +1,85 @@
+"""The planted suite: small modules where one known rewrite makes the program many times faster
+(the lowered form does a product or a broadcast the rewritten one does not). A compile with a
+one-minute budget on the CPU must pick the fast form, and its report and `kiln rules list
+--artifact` name the rewrite.
+
+The fast form is checked by its structure (its largest intermediate tensor is a small fraction
+of the lowered program's), not by a time; the gains a run measured are in the report (and the
+README's figures come from `kiln rules list --artifact` after such a compile)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import kiln
+from kiln.cli import main
+from kiln.ir import toposort
+from kiln.ir.ops import VIEWS
+
+N = 256
+
+
+class TwoMatrices(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.randn(N, N) / 16)
+        self.b = torch.nn.Parameter(torch.randn(N, N) / 16)
+
+
+class Chain(TwoMatrices):
+    """(A·B)·x with x a column: an N×N×N product where two matrix-vector products do."""
+
+    def forward(self, x):
+        return (self.a @ self.b) @ x
+
+
+class MergedProjection(TwoMatrices):
+    """x·(A·B), two projections merged into one matrix first: x·A then ·B is two small products."""
+
+    def forward(self, x):
+        return x @ (self.a @ self.b)
+
+
+class OuterSum(torch.nn.Module):
+    """Σ_j u_i·v_j: an outer product summed, where u_i·Σ_j v_j costs n instead of n²."""
+
+    def forward(self, u, v):
+        return (u[:, None] * v[None, :]).sum(1)
+
+
+CASES = {  # name: (module, inputs, a rule the fast form needs)
+    "matrix-chain": (Chain, lambda: (torch.randn(N, 1),), "contraction/matrix-chain-right-column"),
+    "merged-projection": (MergedProjection, lambda: (torch.randn(2, N),), "contraction/matrix-chain-left"),
+    "outer-product-sum": (OuterSum, lambda: (torch.randn(4096), torch.randn(4096)),
+                          "contraction/sum-pulls-broadcast-factor"),
+}
+
+
+def largest(outputs) -> int:
+    """The elements of the largest tensor the program computes (a view computes nothing)."""
+    return max(math.prod(d.value for d in n.shape) for n in toposort(outputs) if n.op not in VIEWS)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_one_minute_compile_picks_the_planted_rewrite(name, tmp_path):
+    torch.manual_seed(0)
+    make, inputs, rule = CASES[name]
+    module, args = make(), inputs()
+    compiled = kiln.compile(module, args, budget="1m", db=tmp_path / "tune.sqlite", progress=False)
+    (region,) = compiled.report["graphs"]["forward"]["regions"]
+    assert not region["winner"].startswith("original/")
+    assert rule in region["rules"], region["rules"]
+    graph = compiled.graphs["forward"]
+    (choice,) = graph.choices.values()
+    assert largest(choice.outputs) * 16 <= largest(graph.graph.outputs)
+    with torch.no_grad():
+        expected = module(*args).numpy()
+    got = np.asarray(compiled(*args))
+    assert np.abs(got - expected).max() <= 1e-3 * np.abs(expected).max()
+    compiled.save(tmp_path / "art")
+    listed = CliRunner().invoke(main, ["rules", "list", "--artifact", str(tmp_path / "art")])
+    assert listed.exit_code == 0, listed.output
+    needs = next(line for line in listed.output.splitlines() if line.strip().startswith("needs:"))
+    assert rule in needs and "over the program as lowered" in listed.output
