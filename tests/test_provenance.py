@@ -1,0 +1,54 @@
+"""search/provenance.py: an e-graph holds a candidate exactly when it has each chosen e-node over
+the same children; the rules a rewritten candidate needs are found by leaving rules out."""
+import random
+
+import torch
+
+from kiln.frontend.lower import lower
+from kiln.ir import Op, toposort
+from kiln.rewrites.registry import library
+from kiln.search import extract
+from kiln.search.provenance import holds, rules_used
+from kiln.search.rulesets import Ruleset
+from kiln.search.saturate import Limits, saturate
+
+
+class Chain(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Parameter(torch.randn(8, 8)), torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        return (self.a @ self.b) @ x
+
+
+def widest_product(outputs) -> int:
+    return max(n.shape[2].value for n in toposort(outputs) if n.op is Op.MUL)
+
+
+def test_the_rules_a_reassociated_chain_needs_are_named():
+    graph = lower(Chain(), (torch.randn(8, 1),))
+    rulesets = list(library().values())
+    full = saturate(graph.outputs, rulesets, isolate=False)
+    bare = saturate(graph.outputs, [], isolate=False).graph
+    rng = random.Random(0)
+    drawn = [c.genome for c in extract.candidates(full.graph, 200, rng)]
+    decoded = {g: extract.decode(full.encoded, full.graph, g) for g in drawn}
+    # (A·B)·x multiplies across 8 columns of B; A·(B·x) never: one of each among the draws
+    lowered = next(g for g in drawn if widest_product(decoded[g]) == 8 and holds(bare, full.graph,
+                                                                                 extract.choice(full.graph, g)))
+    rewritten = next(g for g in drawn if widest_product(decoded[g]) == 1)
+    assert not holds(bare, full.graph, extract.choice(full.graph, rewritten))
+    fired = sorted({name for s in full.stages for name, n in s.matches.items() if n
+                    and name.split("/")[0] not in ("analysis", "compare")})
+    needed, undecided = rules_used(graph.outputs, rulesets, fired, full.graph,
+                                   extract.choice(full.graph, rewritten), Limits())
+    assert not undecided and any(name.startswith("contraction/matrix-chain") for name in needed)
+    # the rules named suffice: saturated with them alone, the e-graph holds the candidate
+    alone = [Ruleset(rs.topic, rs.stage, [r for r in rs.rules if r.full_name in needed or rs.stage == "analysis"])
+             for rs in rulesets]
+    assert holds(saturate(graph.outputs, alone, isolate=False).graph, full.graph,
+                 extract.choice(full.graph, rewritten))
+    # a candidate the program as lowered spells needs no rule
+    assert rules_used(graph.outputs, rulesets, fired, full.graph, extract.choice(full.graph, lowered),
+                      Limits()) == ([], [])
