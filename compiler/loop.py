@@ -29,6 +29,10 @@ from .worker import IsolatedEvaluate
 
 # of a region's share of the budget, the search's; the rest measures and times its finalists
 SEARCH_SHARE = 0.75
+# of the budget, the most spent measuring every region's program as lowered before the search
+LOWERED_SHARE = 0.1
+# of the search budget, the part shared evenly among regions (the rest goes by measured time)
+EVEN_SHARE = 0.1
 # past the share, at most this much of it more to find the rules a rewritten winner needs
 PROVENANCE_SHARE = 0.05
 
@@ -50,6 +54,7 @@ class RegionReport:
     kernels: list[dict] = field(default_factory=list)   # the winner's, with times and traffic
     rules: list[str] = field(default_factory=list)      # the rewrites the winner needs
     rules_undecided: list[str] = field(default_factory=list)   # fired, not checked in time
+    budget_s: float = 0.0         # its share of the budget, by the measured time of its program as lowered
 
 
 @dataclass
@@ -75,7 +80,6 @@ def compile_graph(graph: Graph, backend, args: list[np.ndarray], seconds: float,
     groups = regionlib.distinct(parts)
     reps = [group[0] for group in groups.values()]
     inflows, env = regionlib.sample_inflows(graph, reps, args)
-    total_work = sum(g[0].size * len(g) for g in groups.values())
     rules = list(library().values())
     report, choices = GraphReport(), {}
     # candidates run their kernels for the first time in a worker process (one for all regions);
@@ -83,17 +87,18 @@ def compile_graph(graph: Graph, backend, args: list[np.ndarray], seconds: float,
     own = isolate is True
     isolated = IsolatedEvaluate(backend.name, db.path, fingerprint) if own else isolate or None
     measured, restarts = (isolated.kernels_measured, isolated.restarts) if isolated else (0, 0)
-    # half the budget is shared equally (a small region can hold the heaviest kernel, the
-    # vocabulary projection), half by work (IR nodes times repeats); each region takes its share
-    # of the time left when it starts, so the graph ends within `seconds`
-    weights = [0.5 / len(groups) + 0.5 * g[0].size * len(g) / total_work for g in groups.values()]
-    left = sum(weights)
     try:
-        for (key, group), feeds, weight in zip(groups.items(), inflows, weights):
-            share = budget.share(weight, left)
+        searches = [_RegionSearch(graph, key, group, feeds, env, backend, db, fingerprint, compile_id, seed,
+                                  isolated, on_progress) for (key, group), feeds in zip(groups.items(), inflows)]
+        # first every region's program as lowered, measured: the budget goes where the time is
+        lowered = budget.share(LOWERED_SHARE, 1.0)
+        costs = [search.lowered_cost(lowered.share(1, len(searches) - k)) for k, search in enumerate(searches)]
+        weights = budget_weights(costs, [search.rep.size * len(search.group) for search in searches])
+        left = sum(weights)
+        for search, weight in zip(searches, weights):
+            share = budget.share(weight, left)    # of the time left when it starts: the graph ends on time
             left -= weight
-            _search_region(graph, key, group, feeds, env, backend, db, fingerprint, compile_id, seed,
-                           max_candidates, rules, isolated, report, choices, on_progress, share)
+            search.run(share, rules, max_candidates, report, choices)
     finally:
         if isolated:
             report.kernels_measured += isolated.kernels_measured - measured
@@ -104,55 +109,90 @@ def compile_graph(graph: Graph, backend, args: list[np.ndarray], seconds: float,
     return CompiledGraph(graph, choices, backend), report
 
 
-def _search_region(graph, key, group, feeds, env, backend, db, fingerprint, compile_id, seed, max_candidates,
-                   rules, isolated, report, choices, on_progress, share: Deadline) -> None:
-    """Saturate, search and tune one distinct region by `share`; records its choice and report.
-    The search stops at SEARCH_SHARE of it; the rest is the finalists' (every configuration of
-    their kernels measured, each timed whole)."""
-    rep = group[0]
-    deadline = Deadline(share.remaining() * SEARCH_SHARE)
-    t0 = time.monotonic()
-    saturated = saturate(rep.outputs, rules, Limits(max_seconds=max(1.0, deadline.remaining() / 4)))
-    saturate_s = time.monotonic() - t0
-    inputs = [i for i in rep.inputs if not is_weight(i)]
-    sub = region_graph(graph, rep, rep.outputs)
-    region = Region(inputs, sub.weights, dict(graph.symbols), [feeds[i] for i in inputs],
-                    evaluate(rep.outputs, feeds, env), sizes=dict(env), recorded=replays(graph),
-                    fixed=fixed_symbols(read_inputs(graph)))
-    measurer = Measurer(backend, db, fingerprint, region, deadline=deadline)
-    if isolated:
-        isolated.load(region, deadline)
-    label = rep.label if len(group) == 1 else f"{rep.label} (x{len(group)})"
+def budget_weights(costs: list[float | None], work: list[int]) -> list[float]:
+    """Each region's share of the search budget: EVEN_SHARE of it evenly, the rest by the measured
+    time of its program as lowered times its repeats (by IR nodes times repeats where a region's
+    program as lowered has no valid time)."""
+    timed = [(c, w) for c, w in zip(costs, work) if c is not None]
+    # a region without a time counts as its work at the timed regions' seconds per node
+    per_node = sum(c for c, _ in timed) / sum(w for _, w in timed) if timed else 1.0
+    spread = [c if c is not None else w * per_node for c, w in zip(costs, work)]
+    total = sum(spread) or 1.0
+    return [EVEN_SHARE / len(costs) + (1 - EVEN_SHARE) * c / total for c in spread]
 
-    def end_to_end(outputs, variant: str) -> float:
+
+class _RegionSearch:
+    """One distinct region: its program as lowered measured first (`lowered_cost`), then saturated,
+    searched and tuned within its share (`run`)."""
+
+    def __init__(self, graph, key, group, feeds, env, backend, db, fingerprint, compile_id, seed, isolated,
+                 on_progress):
+        self.graph, self.key, self.group, self.isolated = graph, key, group, isolated
+        self.rep = rep = group[0]
+        inputs = [i for i in rep.inputs if not is_weight(i)]
+        sub = region_graph(graph, rep, rep.outputs)
+        self.region = Region(inputs, sub.weights, dict(graph.symbols), [feeds[i] for i in inputs],
+                             evaluate(rep.outputs, feeds, env), sizes=dict(env), recorded=replays(graph),
+                             fixed=fixed_symbols(read_inputs(graph)))
+        self.measurer = Measurer(backend, db, fingerprint, self.region)
+        self.label = rep.label if len(group) == 1 else f"{rep.label} (x{len(group)})"
+        # every policy is tried while the budget lasts, in an order that puts the likely winners
+        # first: in decode (GEMVs, bound by launches and bytes) the fused ones, fewest kernels
+        # first; in prefill (GEMMs a library call takes whole, rows a prompt's length) the plain
+        # ones, fused attention first, then those running softmax and the norms a row at a time
+        gemv = not self.region.fixed
+        variants = sorted(POLICIES, key=lambda v: (POLICIES[v].attention == gemv, POLICIES[v].merges != gemv,
+                                                   POLICIES[v].rows == gemv, POLICIES[v].epilogues != gemv))
+        self.deadline = Deadline(0.0)
+        self.tuner = RegionTuner(key, self.label, rep.outputs, None, variants,
+                                 isolated or self.measurer.evaluate, self._end_to_end, db, compile_id, seed,
+                                 lambda p: on_progress(p, self.deadline.remaining()))
+
+    def _load(self, deadline: Deadline) -> None:
+        self.deadline = self.measurer.deadline = deadline
+        if self.isolated:
+            self.isolated.load(self.region, deadline)
+
+    def lowered_cost(self, deadline: Deadline) -> float | None:
+        """The program as lowered (its first policy, always measured), times the region's repeats:
+        what this region costs before any search (None where it has no valid time)."""
+        self._load(deadline)
+        estimate = self.tuner.measure_lowered(deadline)
+        return estimate * len(self.group) if estimate is not None else None
+
+    def _end_to_end(self, outputs, variant: str) -> float:
         """A finalist is what the user may run: the configurations of its kernels are measured
         past the search's deadline, until the region's (in the worker, where a crashing one costs
         only itself; candidates evaluated late had only their default configurations timed), then
         it is timed whole."""
-        measurer.deadline = share
-        if isolated:
-            isolated.deadline = share
-            isolated(outputs, variant)
-        return measurer.end_to_end(outputs, variant)
-    # every policy is tried while the budget lasts, in an order that puts the likely winners
-    # first: in decode (GEMVs, bound by launches and bytes) the fused ones, fewest kernels first;
-    # in prefill (GEMMs a library call takes whole, rows a prompt's length) the plain ones, fused
-    # attention first, then those running softmax and the norms a row at a time
-    gemv = not region.fixed
-    variants = sorted(POLICIES, key=lambda v: (POLICIES[v].attention == gemv, POLICIES[v].merges != gemv,
-                                               POLICIES[v].rows == gemv, POLICIES[v].epilogues != gemv))
-    tuner = RegionTuner(key, label, rep.outputs, saturated, variants,
-                        isolated or measurer.evaluate, end_to_end, db, compile_id, seed,
-                        lambda p, d=deadline: on_progress(p, d.remaining()))
-    winner = tuner.run(deadline, max_candidates)
-    rules_needed, undecided = _rules_used(rep, rules, saturated, winner, share)
-    _, program, configs = measurer.build(winner.outputs, winner.variant)
-    choices[key] = Choice(winner.outputs, winner.variant, configs)
-    report.kernels_measured += measurer.kernels_measured
-    report.regions.append(RegionReport(
-        key, label, len(group), rep.size, saturated.stages, winner.progress, winner.key,
-        winner.variant, winner.estimate_s, winner.end_to_end_s, saturate_s,
-        time.monotonic() - t0 - saturate_s, measurer.kernel_report(program, configs), rules_needed, undecided))
+        self.measurer.deadline = self.share
+        if self.isolated:
+            self.isolated.deadline = self.share
+            self.isolated(outputs, variant)
+        return self.measurer.end_to_end(outputs, variant)
+
+    def run(self, share: Deadline, rules, max_candidates: int, report: GraphReport, choices: dict) -> None:
+        """Saturate, search and tune by `share`; records the choice and the report. The search stops
+        at SEARCH_SHARE of it; the rest is the finalists' (every configuration of their kernels
+        measured, each timed whole)."""
+        rep, self.share = self.rep, share
+        budget_s = share.remaining()
+        deadline = Deadline(budget_s * SEARCH_SHARE)
+        t0 = time.monotonic()
+        saturated = saturate(rep.outputs, rules, Limits(max_seconds=max(1.0, deadline.remaining() / 4)))
+        saturate_s = time.monotonic() - t0
+        self._load(deadline)
+        self.tuner.saturated = saturated
+        winner = self.tuner.run(deadline, max_candidates)
+        rules_needed, undecided = _rules_used(rep, rules, saturated, winner, share)
+        _, program, configs = self.measurer.build(winner.outputs, winner.variant)
+        choices[self.key] = Choice(winner.outputs, winner.variant, configs)
+        report.kernels_measured += self.measurer.kernels_measured
+        report.regions.append(RegionReport(
+            self.key, self.label, len(self.group), rep.size, saturated.stages, winner.progress, winner.key,
+            winner.variant, winner.estimate_s, winner.end_to_end_s, saturate_s,
+            time.monotonic() - t0 - saturate_s, self.measurer.kernel_report(program, configs), rules_needed,
+            undecided, budget_s))
 
 
 def _rules_used(rep, rules, saturated, winner, share: Deadline) -> tuple[list[str], list[str]]:

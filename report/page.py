@@ -236,11 +236,12 @@ def _regions_table(regions: list[dict], finished: bool, total_e2e: float) -> str
     rows = []
     for r in regions:
         share = r["end_to_end_s"] * r["count"] / total_e2e if total_e2e else math.nan
-        rows.append([r["label"], r["count"], r["nodes"], *_progress_cells(r["progress"]),
+        rows.append([r["label"], r["count"], r["nodes"], _s(r["budget_s"]) if r.get("budget_s") else "-",
+                     *_progress_cells(r["progress"]),
                      _s(r["end_to_end_s"]), _pct(share), Raw(f"<code>{escape(r['winner'])}</code>"),
                      ", ".join(r.get("rules", [])) or ("none" if "rules" in r else "-"), _s(r["saturate_s"]),
                      _s(r["search_s"]), _per_minute(r["progress"]["tried"], r["search_s"])])
-    return _table(["region", "repeats", "IR nodes", "tried", "valid", "first valid", "best estimate", "gain",
+    return _table(["region", "repeats", "IR nodes", "budget", "tried", "valid", "first valid", "best estimate", "gain",
                    "end to end", "share", "winner", "rewrites it needs", "saturate", "search", "candidates a minute"],
                   rows)
 

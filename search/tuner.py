@@ -74,10 +74,22 @@ class RegionTuner:
         self.scored: dict[tuple, float] = {}          # genome -> best estimate over variants
         self.ok: list[tuple] = []          # estimate, key, variant, outputs, genome
         self.start = time.monotonic()
+        self.lowered_measured = False
+
+    def measure_lowered(self, deadline: Deadline) -> float | None:
+        """The program as lowered under the first variant, always (whatever the deadline): what the
+        region costs before any search; None where it is not valid. `run` tries the other variants."""
+        self.deadline = deadline
+        self._try(ORIGINAL, None, self.original, self.variants[:1])
+        self.lowered_measured = True
+        return self.progress.best_s
 
     def run(self, deadline: Deadline, max_candidates: int) -> Winner:
         self.deadline = deadline
-        self._try(ORIGINAL, None, self.original)
+        if self.lowered_measured:
+            self._try(ORIGINAL, None, self.original, self.variants[1:], first_always=False)
+        else:
+            self._try(ORIGINAL, None, self.original)
         seen = {ORIGINAL}
         view = self.saturated.graph if self.saturated else None
         while view is not None and not deadline.expired and self.progress.tried < max_candidates:
@@ -94,9 +106,10 @@ class RegionTuner:
                 self._try(candidate.key, candidate.genome, outputs)
         return self._final()
 
-    def _try(self, key: str, genome, outputs: list[Node]) -> None:
-        for k, variant in enumerate(self.variants):
-            if k and self.deadline.expired:     # the first variant of the original always runs
+    def _try(self, key: str, genome, outputs: list[Node], variants: Sequence[str] | None = None,
+             first_always: bool = True) -> None:
+        for k, variant in enumerate(self.variants if variants is None else variants):
+            if (k or not first_always) and self.deadline.expired:   # the original's first variant always runs
                 break
             name = f"{key}/{variant}"
             record = self.db.candidate(self.compile_id, self.region, name)

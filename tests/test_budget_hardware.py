@@ -76,3 +76,19 @@ def test_describe_mismatch_missing_values_and_lists():
     assert message == "built for gcc 13.2.0, ISA extensions avx2+fma; this machine has no gcc, " \
                       "ISA extensions (none)"
     assert "extra 'x'" in describe_mismatch({}, {"extra": "x"})
+
+
+def test_the_search_budget_goes_where_the_measured_time_is():
+    """A layer region repeated 16 times at 50 us a step (800 us) beside a prologue of 10 us and a
+    head of 190 us: the layer takes 0.1/3 + 0.9 * 0.8 of the search budget. A region whose program
+    as lowered had no valid time counts its IR work at the timed regions' seconds per node."""
+    from kiln.compiler.loop import EVEN_SHARE, budget_weights
+    weights = budget_weights([10e-6, 16 * 50e-6, 190e-6], [100, 1600, 300])
+    assert sum(weights) == pytest.approx(1.0)
+    assert weights[1] == pytest.approx(EVEN_SHARE / 3 + (1 - EVEN_SHARE) * 0.8)
+    assert weights[0] < weights[2] < weights[1]
+    # 1e-3 s over 2,000 nodes: an untimed region of 2,000 nodes counts as 1e-3 s, half the total
+    untimed = budget_weights([None, 1e-3], [2000, 2000])
+    assert untimed == pytest.approx([0.5, 0.5])
+    assert budget_weights([None, None], [1, 3]) == pytest.approx([EVEN_SHARE / 2 + (1 - EVEN_SHARE) / 4,
+                                                                 EVEN_SHARE / 2 + (1 - EVEN_SHARE) * 3 / 4])
