@@ -168,7 +168,7 @@ class _RegionSearch:
         self.measurer.deadline = self.share
         if self.isolated:
             self.isolated.deadline = self.share
-            self.isolated(outputs, variant)
+            self.isolated(outputs, variant, finalist=True)
         return self.measurer.end_to_end(outputs, variant)
 
     def run(self, share: Deadline, rules, max_candidates: int, report: GraphReport, choices: dict) -> None:

@@ -115,18 +115,18 @@ class IsolatedEvaluate:
         if previous is not None:
             shutil.rmtree(previous, ignore_errors=True)
 
-    def __call__(self, outputs, variant: str) -> Outcome:
+    def __call__(self, outputs, variant: str, finalist: bool = False) -> Outcome:
         program = graph_to_json(Graph(inputs=[], outputs=list(outputs), weights={}, symbols={}))
         for _ in range(RETRIES):
-            outcome, retry = self._attempt(program, variant)
+            outcome, retry = self._attempt(program, variant, finalist)
             if not retry:
                 break
         return outcome
 
-    def _attempt(self, program: dict, variant: str) -> tuple[Outcome, bool]:
+    def _attempt(self, program: dict, variant: str, finalist: bool) -> tuple[Outcome, bool]:
         """The candidate's outcome, and whether to take it again (a fault that was not its own)."""
         left = self.deadline.remaining() if self.deadline is not None else None
-        request = json.dumps({"program": program, "variant": variant, "seconds_left": left})
+        request = json.dumps({"program": program, "variant": variant, "seconds_left": left, "finalist": finalist})
         self._ensure_started()
         self._trial_path.unlink(missing_ok=True)
         start = time.monotonic()
@@ -288,7 +288,8 @@ def _answer(requests, measurer: Measurer, trial: Path, protocol) -> Path | None:
         measurer.deadline = Deadline(left) if left is not None else None
         before = measurer.kernels_measured
         try:
-            outcome = measurer.evaluate(graph_from_json(request["program"]).outputs, request["variant"])
+            outcome = measurer.evaluate(graph_from_json(request["program"]).outputs, request["variant"],
+                                        request.get("finalist", False))
         except KilnError as err:     # the machine's problem: the parent stops the compile
             outcome = err
         except Exception as err:     # the candidate's problem: rejected, as the tuner would

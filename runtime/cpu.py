@@ -2,6 +2,8 @@
 loaded with ctypes, launched on numpy buffers and timed with a monotonic clock."""
 from __future__ import annotations
 
+import functools
+
 import ctypes
 import hashlib
 import os
@@ -141,6 +143,7 @@ class CpuBackend:
 
     # --- the executor's interface (runtime/executor.py) ----------------------------------------
     @staticmethod
+    @functools.lru_cache(maxsize=4096)   # a search meets the same kernels in candidate after candidate
     def render(kernel: Kernel, config: KernelConfig | LibraryConfig) -> tuple[str, str]:
         """(function name, C source); the name is the hash of the source, so equal kernels share
         one compiled function and one tuning record. A library configuration's source is the

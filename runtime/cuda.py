@@ -3,6 +3,7 @@ keeps them on disk), launched on CuPy device memory, timed with CUDA events. f16
 tensors live on the device as their 16-bit patterns."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +58,7 @@ class CudaBackend:
 
     # --- compiling ----------------------------------------------------------------------------
     @staticmethod
+    @functools.lru_cache(maxsize=4096)   # a search meets the same kernels in candidate after candidate
     def render(kernel: Kernel, config: CudaConfig | LibraryConfig) -> tuple[str, str]:
         if isinstance(config, LibraryConfig):      # cuBLAS (runtime/cublas.py)
             return as_gemm(kernel).rendered(IMPLEMENTATION + ("-" + TF32 if config.library == TF32 else ""))
