@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir.dtypes import DType, accumulator
-from ..ir.graph import Graph, Node, toposort
+from ..ir.graph import Graph, Node, positional, toposort
 from ..ir.interpret import contracted_product
 from ..ir.ops import ELEMENTWISE, IOTA_INDEX, REDUCE, VIEWS, Op
 from ..ir.symbolic import Expr, prod, sym
@@ -104,6 +104,7 @@ class _Scheduler:
     def __init__(self, graph: Graph, policy: FusionPolicy):
         self.graph, self.policy = graph, policy
         self.order = toposort(graph.outputs)
+        self.positional = positional(self.order)
         self.users: dict[int, list[Node]] = {}
         for node in self.order:
             for i in node.inputs:
@@ -148,7 +149,9 @@ class _Scheduler:
         for node in self.order:
             if node.op in REDUCE or node.op is Op.SLICE_UPDATE:
                 roots.add(id(node))
-            if node.op in (Op.INPUT, Op.CONSTANT, Op.IOTA) or id(node) in roots:
+            # a value computed from positions alone (a causal mask) is recomputed by each reader
+            # from its indices, never stored: index arithmetic costs less than reading it
+            if node.op in (Op.INPUT, Op.CONSTANT, Op.IOTA) or id(node) in roots or id(node) in self.positional:
                 cost[id(node)] = 0
                 continue
             own = 0 if node.op in VIEWS else 1
@@ -204,8 +207,9 @@ class _Scheduler:
         return roots
 
     def _wide_behind(self, root: Node, roots: set[int]) -> tuple[set[int], set[int]]:
-        """The kernels (roots) `root` reads, directly or through others, that hold no 16-bit value,
-        stopping at 16-bit values: those (the first node past views) are the second set. The
+        """The kernels (roots) `root` reads, directly or through others, that hold no 16-bit value
+        (or one computed from positions, a causal mask), stopping at 16-bit values: those (the
+        first node past views) are the second set. The
         root's own views and casts (its store's rounding) are its, not a boundary."""
         start = root
         while start.op in VIEWS or start.op is Op.CAST:
@@ -217,7 +221,7 @@ class _Scheduler:
             if id(node) in seen or node.op in (Op.INPUT, Op.CONSTANT, Op.IOTA):
                 continue
             seen.add(id(node))
-            if node.dtype in _ROUNDED:
+            if node.dtype in _ROUNDED and id(node) not in self.positional:   # a mask is computed inline
                 while node.op in VIEWS:
                     node = node.inputs[0]
                 if node.op not in (Op.INPUT, Op.CONSTANT):

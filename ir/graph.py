@@ -166,5 +166,18 @@ class Graph:
         return " with " + ", ".join(f"{lo} <= {n} <= {hi}" for n, (lo, hi) in self.symbols.items())
 
 
+def positional(order: Iterable[Node]) -> set[int]:
+    """Ids of the nodes of `order` (children first) computed elementwise from iotas and constants
+    alone, such as a causal mask: a kernel that reads one can compute it from its indices."""
+    from .ops import Kind
+    pointwise = (Kind.UNARY, Kind.BINARY, Kind.TERNARY, Kind.CAST, Kind.VIEW)
+    out: set[int] = set()
+    for n in order:
+        if n.op in (Op.IOTA, Op.CONSTANT) or (n.inputs and OPS[n.op].kind in pointwise
+                                               and all(id(i) in out for i in n.inputs)):
+            out.add(id(n))
+    return out
+
+
 def is_weight(node: Node) -> bool:
     return node.op is Op.INPUT and node.attrs["role"] == "weight"

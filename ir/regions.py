@@ -37,7 +37,7 @@ from . import Node
 from . import Op
 
 from . import evaluate
-from .graph import is_weight, toposort
+from .graph import is_weight, positional, toposort
 from .printer import format_graph
 
 # views that only re-index their one input (no pad value, no second input)
@@ -282,12 +282,16 @@ def _on_every_path(source: Node, allowed: set[int], consumers: dict[int, list[No
 
 def _hoist_shared(order: list[Node], dependent: set[int], region_of: dict[int, int]) -> set[int]:
     """Move into the prologue (region 0) each computed value that depends on no user input and
-    that several regions read (the rotary tables and causal mask of a prefill): it is then computed
-    once, and every layer reads it alike. Constants and views of one leaf stay copied into each
-    region that reads them, where rules can see the value."""
+    that several regions read (a prefill's rotary tables): it is then computed once, and every
+    layer reads it alike. Constants and views of one leaf stay copied into each region that reads
+    them, where rules can see the value; so do values computed elementwise from positions alone
+    (iotas and constants: a prefill's causal mask), which the kernel that reads one computes from
+    its indices instead of reading a [seq, seq] tensor (fused attention skips the masked tiles)."""
     leafy: set[int] = set()
+    computed_from_positions = positional(order)
     for n in order:
-        if not n.inputs or (n.op in (Op.RESHAPE, Op.EXPAND, Op.CAST) and id(n.inputs[0]) in leafy):
+        if not n.inputs or id(n) in computed_from_positions or (n.op in (Op.RESHAPE, Op.EXPAND, Op.CAST)
+                                                                and id(n.inputs[0]) in leafy):
             leafy.add(id(n))
     readers: dict[int, set[int]] = {}
     hoisted: set[int] = set()

@@ -25,7 +25,11 @@ from ..ir.errors import CompileError, KilnError
 from .cpu_region import RegionRunner
 from .library import ArrayInterop, LibraryKernel
 
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-std=gnu11"]
+# -ffp-contract=off: each operation rounded as the reference interpreter rounds it (gcc would fuse
+# x * x - m into one FMA, whose unrounded product makes softmax's exp2(x² - max x²) differ from 1
+# for the largest element by up to exp2(±ulp/2) of a large x²)
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off",
+          "-std=gnu11"]
 
 
 COPY_SOURCE = """
@@ -49,8 +53,11 @@ void EVICT(const char* p, int64_t n) {
 
 
 def cache_dir() -> Path:
+    """Compiled kernels by source hash, in a folder of their compiler and flags (objects built with
+    other flags compute otherwise)."""
     root = Path(os.environ.get("KILN_CACHE", Path.home() / ".cache" / "kiln"))
-    path = root / "cpu-kernels"
+    build = hashlib.sha256(" ".join([compiler(), *CFLAGS]).encode()).hexdigest()[:12]
+    path = root / f"cpu-kernels-{build}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from kiln.codegen.attention import AttentionConfig, as_attention
+from kiln.codegen.attention import KEY, AttentionConfig, as_attention
+from kiln.codegen.kernel import IndexValue, Load, nodes
 from kiln.codegen.cuda_attention import attention_space, emit_cuda_attention
 from kiln.codegen.cuda_emit import PRELUDE
 from kiln.codegen.schedule import POLICIES, schedule
@@ -80,13 +81,15 @@ def test_the_attention_policy_runs_each_layers_attention_as_one_kernel(heads64):
         assert a.q.scale * a.k.scale == pytest.approx(64 ** -0.5)
         assert a.guards                         # sdpa's fully-masked-row guard, kept
         assert a.masked_part is not None        # the mask, added to the scores: tiles can be skipped
-        # it reads 16-bit queries, keys and values and the mask, and writes [position, head, d]
-        assert len(kernel.inputs) == 4
-        assert {a.q.load.buffer, a.k.load.buffer, a.v.buffer} < {b.name for b in kernel.inputs}
+        # the causal mask computed from the query's and the key's positions, never read
+        assert not [s for s in nodes(a.masked_part) if isinstance(s, Load)]
+        assert {str(s.expr) for s in nodes(a.masked_part) if isinstance(s, IndexValue)} == {KEY, a.query}
+        # it reads 16-bit queries, keys and values, and writes [position, head, d]
+        assert len(kernel.inputs) == 3
+        assert {a.q.load.buffer, a.k.load.buffer, a.v.buffer} == {b.name for b in kernel.inputs}
         assert [str(e) for _, e in kernel.loops] == ["seq", "4", "64"]
-    # no buffer holds scores or probabilities any more: nothing [heads, seq, seq]
-    assert not any(len(b.shape) >= 3 and [str(d) for d in b.shape[-2:]] == ["seq", "seq"]
-                   for b in program.buffers.values())
+    # no buffer holds scores, probabilities or the mask any more: nothing [.., seq, seq]
+    assert not any([str(d) for d in b.shape[-2:]] == ["seq", "seq"] for b in program.buffers.values())
 
 
 @pytest.mark.parametrize("length,pad", [(5, False), (70, True)])
