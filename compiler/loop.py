@@ -4,6 +4,8 @@ of the budget, and keep the winner with each kernel's fastest configuration (`co
 it)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -12,7 +14,8 @@ from typing import Callable
 import numpy as np
 
 from ..codegen.schedule import POLICIES
-from ..ir import Graph, evaluate, regions as regionlib
+from ..ir import Graph, Node, Op, evaluate, regions as regionlib
+from ..ir.serialize import graph_from_json, graph_to_json
 from ..ir.graph import is_weight
 from ..rewrites.registry import library
 from ..runtime.compiled import Choice, CompiledGraph, read_inputs, region_graph, replays
@@ -22,7 +25,7 @@ from ..search import extract
 from ..search.provenance import rules_used
 from ..search.saturate import Limits, StageReport, saturate
 from ..search.tunedb import TuneDB
-from ..search.tuner import Progress, RegionTuner
+from ..search.tuner import REMEMBERED, Progress, RegionTuner
 from .measure import Measurer, Region
 from .worker import IsolatedEvaluate
 
@@ -128,6 +131,7 @@ class _RegionSearch:
     def __init__(self, graph, key, group, feeds, env, backend, db, fingerprint, compile_id, seed, isolated,
                  on_progress):
         self.graph, self.key, self.group, self.isolated = graph, key, group, isolated
+        self.db, self.fingerprint, self.compile_id = db, fingerprint, compile_id
         self.rep = rep = group[0]
         inputs = [i for i in rep.inputs if not is_weight(i)]
         sub = region_graph(graph, rep, rep.outputs)
@@ -147,6 +151,20 @@ class _RegionSearch:
         self.tuner = RegionTuner(key, self.label, rep.outputs, None, variants,
                                  isolated or self.measurer.evaluate, self._end_to_end, db, compile_id, seed,
                                  lambda p: on_progress(p, self.deadline.remaining()))
+
+    def _remembered(self) -> dict[str, tuple[str, list[Node], list[str]]]:
+        """Earlier compiles' fastest winners of this region on this hardware, by candidate key:
+        (variant, outputs over this region's inputs, the rules they need)."""
+        by_name = {n.attrs["name"]: n for n in self.rep.inputs}
+        out = {}
+        for variant, program, rules, _ in self.db.winners(self.fingerprint, self.key):
+            if variant not in POLICIES:
+                continue      # a policy this Kiln no longer has
+            outputs = regionlib.rebuild(graph_from_json(program).outputs,
+                                        lambda n: by_name.get(n.attrs["name"]) if n.op is Op.INPUT else None)
+            digest = hashlib.blake2b(json.dumps(program, sort_keys=True).encode(), digest_size=8).hexdigest()
+            out[f"{REMEMBERED}-{digest}"] = (variant, outputs, rules)
+        return out
 
     def _load(self, deadline: Deadline) -> None:
         self.deadline = self.measurer.deadline = deadline
@@ -183,8 +201,15 @@ class _RegionSearch:
         saturate_s = time.monotonic() - t0
         self._load(deadline)
         self.tuner.saturated = saturated
-        winner = self.tuner.run(deadline, max_candidates)
-        rules_needed, undecided = _rules_used(rep, rules, saturated, winner, share)
+        remembered = self._remembered()
+        winner = self.tuner.run(deadline, max_candidates, [(key, variant, outputs)
+                                                           for key, (variant, outputs, _) in remembered.items()])
+        if winner.key.startswith(REMEMBERED):
+            rules_needed, undecided = remembered[winner.key.rsplit("/", 1)[0]][2], []
+        else:
+            rules_needed, undecided = _rules_used(rep, rules, saturated, winner, share)
+        self.db.record_winner(self.fingerprint, self.key, winner.variant, _program_json(winner.outputs),
+                              rules_needed, winner.end_to_end_s, self.compile_id)
         _, program, configs = self.measurer.build(winner.outputs, winner.variant)
         choices[self.key] = Choice(winner.outputs, winner.variant, configs)
         report.kernels_measured += self.measurer.kernels_measured
@@ -193,6 +218,10 @@ class _RegionSearch:
             winner.variant, winner.estimate_s, winner.end_to_end_s, saturate_s,
             time.monotonic() - t0 - saturate_s, self.measurer.kernel_report(program, configs), rules_needed,
             undecided, budget_s))
+
+
+def _program_json(outputs: list[Node]) -> dict:
+    return graph_to_json(Graph(inputs=[], outputs=list(outputs), weights={}, symbols={}))
 
 
 def _rules_used(rep, rules, saturated, winner, share: Deadline) -> tuple[list[str], list[str]]:

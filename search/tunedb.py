@@ -35,6 +35,11 @@ _SCHEMA = (
     "compile_id TEXT NOT NULL, region TEXT NOT NULL, candidate_hash TEXT NOT NULL, "
     "status TEXT NOT NULL, estimate_s REAL, end_to_end_s REAL, detail TEXT NOT NULL, "
     "recorded_at REAL NOT NULL, UNIQUE (compile_id, region, candidate_hash))",
+    # each compile's winner per region, its program as graph JSON: a later compile of the region
+    # on this hardware times the best of them beside its own finalists
+    "CREATE TABLE IF NOT EXISTS winners (fingerprint TEXT NOT NULL, region TEXT NOT NULL, "
+    "variant TEXT NOT NULL, program TEXT NOT NULL, rules TEXT NOT NULL, end_to_end_s REAL NOT NULL, "
+    "compile_id TEXT NOT NULL, recorded_at REAL NOT NULL, PRIMARY KEY (fingerprint, region, variant, program))",
 )
 
 
@@ -164,6 +169,23 @@ class TuneDB:
             "WHERE compile_id = ? AND region = ? AND candidate_hash = ?",
             (compile_id, region, candidate_hash)).fetchone()
         return CandidateRecord(*row) if row else None
+
+    # winners: what a region's compiles chose, so that a longer compile never ends slower
+
+    def record_winner(self, fingerprint: str, region: str, variant: str, program: dict, rules: list[str],
+                      end_to_end_s: float, compile_id: str):
+        with self._conn:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO winners VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (fingerprint, region, variant, json.dumps(program, sort_keys=True, separators=(",", ":")),
+                 json.dumps(rules), end_to_end_s, compile_id, time.time()))
+
+    def winners(self, fingerprint: str, region: str, limit: int = 2) -> list[tuple[str, dict, list[str], float]]:
+        """The region's fastest recorded winners: (variant, program, rules, end-to-end seconds)."""
+        rows = self._conn.execute(
+            "SELECT variant, program, rules, end_to_end_s FROM winners WHERE fingerprint = ? AND region = ? "
+            "ORDER BY end_to_end_s LIMIT ?", (fingerprint, region, limit))
+        return [(variant, json.loads(program), json.loads(rules), seconds) for variant, program, rules, seconds in rows]
 
     def recorded_since(self, compile_id: str, started_at: float) -> tuple[int, int, float | None]:
         """What a compile recorded: its candidates (every graph's, ids `compile_id:graph`), the

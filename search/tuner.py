@@ -21,6 +21,7 @@ from .saturate import Saturated
 from .tunedb import TuneDB
 
 ORIGINAL = "original"          # the candidate key of the program as lowered (no rewrite applied)
+REMEMBERED = "remembered"      # the key's prefix of an earlier compile's winner (the database's)
 FINALISTS = 3                  # candidates timed end to end
 BATCH = 8                      # candidates drawn per round
 
@@ -84,7 +85,11 @@ class RegionTuner:
         self.lowered_measured = True
         return self.progress.best_s
 
-    def run(self, deadline: Deadline, max_candidates: int) -> Winner:
+    def run(self, deadline: Deadline, max_candidates: int,
+            remembered: Sequence[tuple[str, str, list[Node]]] = ()) -> Winner:
+        """The search, then the finalists timed whole; `remembered` (key, variant, outputs): earlier
+        compiles' winners of this region, checked and timed beside the finalists whatever their
+        estimate, so that a longer search never ends with a slower program."""
         self.deadline = deadline
         if self.lowered_measured:
             self._try(ORIGINAL, None, self.original, self.variants[1:], first_always=False)
@@ -104,7 +109,9 @@ class RegionTuner:
                 seen.add(candidate.key)
                 outputs = extract.decode(self.saturated.encoded, view, candidate.genome)
                 self._try(candidate.key, candidate.genome, outputs)
-        return self._final()
+        for key, variant, outputs in remembered:
+            self._try(key, None, outputs, [variant])
+        return self._final({f"{key}/{variant}" for key, variant, _ in remembered})
 
     def _try(self, key: str, genome, outputs: list[Node], variants: Sequence[str] | None = None,
              first_always: bool = True) -> None:
@@ -140,12 +147,13 @@ class RegionTuner:
         p.curve.append((time.monotonic() - self.start, p.tried, p.best_s or float("nan")))
         self.on_progress(p)
 
-    def _final(self) -> Winner:
+    def _final(self, forced: set[str] = frozenset()) -> Winner:
         if not self.ok:
             raise KilnError(f"kiln: no valid candidate for region {self.progress.region}: even the "
                             "program as lowered failed its check against the reference interpreter "
                             "(the tuning database's candidates table says why)")
-        finalists = sorted(self.ok, key=lambda row: row[0])[:FINALISTS]
+        ranked = sorted(self.ok, key=lambda row: row[0])
+        finalists = ranked[:FINALISTS] + [row for row in ranked[FINALISTS:] if row[1] in forced]
         timed = []
         for estimate, key, variant, outputs, genome in finalists:
             record = self.db.candidate(self.compile_id, self.region, key)

@@ -83,3 +83,24 @@ def test_a_one_minute_compile_picks_the_planted_rewrite(name, tmp_path):
     assert listed.exit_code == 0, listed.output
     needs = next(line for line in listed.output.splitlines() if line.strip().startswith("needs:"))
     assert rule in needs and "over the program as lowered" in listed.output
+
+
+def test_a_later_compile_times_an_earlier_winner_beside_its_own(tmp_path):
+    """The database keeps each compile's winner per region: a second compile of the chain on the
+    same database that may try nothing past the program as lowered (max_candidates=1) still ends
+    with the first compile's reassociated program, checked and timed again, and its rules."""
+    torch.manual_seed(0)
+    module, args = Chain(), (torch.randn(N, 1),)
+    first = kiln.compile(module, args, budget="30s", db=tmp_path / "tune.sqlite", progress=False)
+    (found,) = first.report["graphs"]["forward"]["regions"]
+    assert "contraction/matrix-chain-right-column" in found["rules"]
+    again = kiln.compile(module, args, budget="30s", db=tmp_path / "tune.sqlite", progress=False,
+                         max_candidates=1)
+    (kept,) = again.report["graphs"]["forward"]["regions"]
+    assert kept["winner"].startswith("remembered-") and kept["rules"] == found["rules"]
+    graph = again.graphs["forward"]
+    (choice,) = graph.choices.values()
+    assert largest(choice.outputs) * 16 <= largest(graph.graph.outputs)
+    with torch.no_grad():
+        expected = module(*args).numpy()
+    assert np.abs(np.asarray(again(*args)) - expected).max() <= 1e-3 * np.abs(expected).max()
