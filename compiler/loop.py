@@ -25,7 +25,7 @@ from ..search import extract
 from ..search.provenance import rules_used
 from ..search.saturate import Limits, StageReport, saturate
 from ..search.tunedb import TuneDB
-from ..search.tuner import REMEMBERED, Progress, RegionTuner
+from ..search.tuner import ORIGINAL, REMEMBERED, Progress, RegionTuner
 from .measure import Measurer, Region
 from .worker import IsolatedEvaluate
 
@@ -208,8 +208,9 @@ class _RegionSearch:
             rules_needed, undecided = remembered[winner.key.rsplit("/", 1)[0]][2], []
         else:
             rules_needed, undecided = _rules_used(rep, rules, saturated, winner, share)
-        self.db.record_winner(self.fingerprint, self.key, winner.variant, _program_json(winner.outputs),
-                              rules_needed, winner.end_to_end_s, self.compile_id)
+        if not winner.key.startswith(ORIGINAL):    # the program as lowered is tried in every compile anyway
+            self.db.record_winner(self.fingerprint, self.key, winner.variant, _program_json(winner.outputs),
+                                  rules_needed, winner.end_to_end_s, self.compile_id)
         _, program, configs = self.measurer.build(winner.outputs, winner.variant)
         choices[self.key] = Choice(winner.outputs, winner.variant, configs)
         report.kernels_measured += self.measurer.kernels_measured

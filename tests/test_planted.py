@@ -49,9 +49,10 @@ class OuterSum(torch.nn.Module):
         return (u[:, None] * v[None, :]).sum(1)
 
 
-CASES = {  # name: (module, inputs, a rule the fast form needs)
-    "matrix-chain": (Chain, lambda: (torch.randn(N, 1),), "contraction/matrix-chain-right-column"),
-    "merged-projection": (MergedProjection, lambda: (torch.randn(2, N),), "contraction/matrix-chain-left"),
+CASES = {  # name: (module, inputs, the rule the fast form needs: one of the matrix-chain rules, which
+    # spell the product with or without its broadcasts to its own shape)
+    "matrix-chain": (Chain, lambda: (torch.randn(N, 1),), "contraction/matrix-chain-"),
+    "merged-projection": (MergedProjection, lambda: (torch.randn(2, N),), "contraction/matrix-chain-"),
     "outer-product-sum": (OuterSum, lambda: (torch.randn(4096), torch.randn(4096)),
                           "contraction/sum-pulls-broadcast-factor"),
 }
@@ -69,8 +70,8 @@ def test_a_one_minute_compile_picks_the_planted_rewrite(name, tmp_path):
     module, args = make(), inputs()
     compiled = kiln.compile(module, args, budget="1m", db=tmp_path / "tune.sqlite", progress=False)
     (region,) = compiled.report["graphs"]["forward"]["regions"]
-    assert not region["winner"].startswith("original/")
-    assert rule in region["rules"], region["rules"]
+    assert not region["winner"].startswith("original/"), region
+    assert any(name.startswith(rule) for name in region["rules"]), region["rules"]
     graph = compiled.graphs["forward"]
     (choice,) = graph.choices.values()
     assert largest(choice.outputs) * 16 <= largest(graph.graph.outputs)
@@ -93,11 +94,11 @@ def test_a_later_compile_times_an_earlier_winner_beside_its_own(tmp_path):
     module, args = Chain(), (torch.randn(N, 1),)
     first = kiln.compile(module, args, budget="30s", db=tmp_path / "tune.sqlite", progress=False)
     (found,) = first.report["graphs"]["forward"]["regions"]
-    assert "contraction/matrix-chain-right-column" in found["rules"]
+    assert any(name.startswith("contraction/matrix-chain-") for name in found["rules"]), found
     again = kiln.compile(module, args, budget="30s", db=tmp_path / "tune.sqlite", progress=False,
                          max_candidates=1)
     (kept,) = again.report["graphs"]["forward"]["regions"]
-    assert kept["winner"].startswith("remembered-") and kept["rules"] == found["rules"]
+    assert kept["winner"].startswith("remembered-") and kept["rules"] == found["rules"], kept
     graph = again.graphs["forward"]
     (choice,) = graph.choices.values()
     assert largest(choice.outputs) * 16 <= largest(graph.graph.outputs)
