@@ -134,23 +134,44 @@ def test_a_wrong_configuration_does_not_spoil_the_kernels_measured_after_it(tmp_
     assert rejected == [(planted, config)]
 
 
-def test_past_the_deadline_a_product_is_still_timed_as_a_library_call(tmp_path, monkeypatch):
+def test_past_the_deadline_only_the_kernels_that_carry_the_time_are_tuned(tmp_path, monkeypatch):
     """With the budget spent, a candidate's kernels are timed in the default configuration and,
     where the product can be one, as a library call (no compile, and it can win by 100x on a
-    large product); the template's other configurations wait for a compile with budget left."""
+    large product); a kernel with a tenth of the region's time or more still has its other
+    configurations timed (what the user runs for good), a small one waits for a compile with
+    budget left. Here exp2(x[32, 1024]) times w[1024, 64], then that [32, 64] times v[64]: the
+    second does a thousandth of the first's work."""
     from kiln.codegen.library import LibraryConfig
     from kiln.search.budget import Deadline
     monkeypatch.setenv("KILN_CACHE", str(tmp_path))
-    region, outputs = _region(plain=True)
+    rng = np.random.default_rng(3)
+    x = Node(Op.INPUT, name="x", role="input", shape=shape_of((32, 1024, 1)), dtype=DType.F32)
+    w = Node(Op.INPUT, name="w", role="weight", shape=shape_of((1, 1024, 64)), dtype=DType.F32)
+    v = Node(Op.INPUT, name="v", role="weight", shape=shape_of((1, 64, 1)), dtype=DType.F32)
+    big = reduce(Op.SUM_REDUCE, Node(Op.MUL, [
+        Node(Op.EXPAND, [Node(Op.EXP2, [x])], shape=shape_of((32, 1024, 64))),
+        Node(Op.EXPAND, [w], shape=shape_of((32, 1024, 64)))]), [1])                 # [32, 1, 64]
+    rows = Node(Op.RESHAPE, [big], shape=shape_of((32, 64, 1)))
+    small = reduce(Op.SUM_REDUCE, Node(Op.MUL, [rows, Node(Op.EXPAND, [v], shape=shape_of((32, 64, 1)))]), [1])
+    weights = {"w": rng.standard_normal((1, 1024, 64)).astype(np.float32) / 32,
+               "v": rng.standard_normal((1, 64, 1)).astype(np.float32)}
+    args = [rng.standard_normal((32, 1024, 1)).astype(np.float32)]
+    want = evaluate([small], {x: args[0], w: weights["w"], v: weights["v"]}, {})
+    region = Region([x], weights, {}, args, want)
     backend = CpuBackend()
-    (kernel,) = schedule(region.graph(outputs), POLICIES[VARIANT]).kernels
-    space = backend.config_space(kernel)
-    assert len(space) > 2 and isinstance(space[1], LibraryConfig)
+    kernels = schedule(region.graph([small]), POLICIES[VARIANT]).kernels
+    assert len(kernels) == 2          # in order: the large product, then the small one reading it
     with TuneDB(tmp_path / "tune.sqlite") as db:
-        outcome = Measurer(backend, db, "test-machine", region, deadline=Deadline(0)).evaluate(outputs, VARIANT)
+        measurer = Measurer(backend, db, "test-machine", region, deadline=Deadline(0))
+        outcome = measurer.evaluate([small], VARIANT)
         assert outcome.status == "ok", outcome
-        timed = [c for c in space if db.kernel_time("test-machine", backend.render(kernel, c)[0], c.key(), {})]
-    assert timed == space[:2]
+        searched = [backend.config_space(k)[:measurer.search_configs] for k in kernels]
+        timed = [[c for c in space if db.kernel_time("test-machine", backend.render(k, c)[0], c.key(), {})]
+                 for k, space in zip(kernels, searched)]
+    big_timed, small_timed = timed
+    assert big_timed == searched[0]
+    assert small_timed == [c for c in searched[1] if c is searched[1][0] or isinstance(c, LibraryConfig)]
+    assert len(small_timed) < len(searched[1])
 
 
 def test_one_worker_serves_region_after_region(tmp_path, monkeypatch):
