@@ -37,7 +37,12 @@ class FusionPolicy:
     backend runs such a kernel a row at a time, the row's reductions once (softmax's any, max and
     sum, then its probabilities; a norm's sum of squares, then its normalized row), and the
     kernels of the products around it stay plain (library calls); and a value read only through a
-    permutation is stored permuted. `attention`: a product whose operand is a row kernel (softmax)
+    permutation is stored permuted; with `merges` too, a reduction merges into no kernel that
+    reduces over a length known only at run time (P.V over decode's window) unless the merged
+    kernel keeps one reduction: softmax's max and sum merge into its probabilities, a row kernel,
+    and P.V stays one loop that a backend can split among blocks over a long context
+    (flash-decoding's split; the merged form reads a 3,900-long window at 88 GB/s on the H200).
+    `attention`: a product whose operand is a row kernel (softmax)
     takes in that kernel and every wide (f32) kernel behind it up to 16-bit values (the scores,
     the scaled query and keys), where the result is fused attention (codegen/attention.py): one
     pass over the keys, no scores stored."""
@@ -59,7 +64,8 @@ POLICIES = {p.key(): p for p in (FusionPolicy(12, 1), FusionPolicy(12, 1, epilog
                                   FusionPolicy(4, 0), FusionPolicy(32, 3, epilogues=True),
                                   FusionPolicy(64, 16, epilogues=True), FusionPolicy(12, 1, rows=True),
                                   FusionPolicy(12, 1, rows=True, attention=True),
-                                  FusionPolicy(64, 16, epilogues=True, merges=True))}
+                                  FusionPolicy(64, 16, epilogues=True, merges=True),
+                                  FusionPolicy(64, 16, epilogues=True, merges=True, rows=True))}
 
 _ROUNDED = (DType.BF16, DType.F16)
 
@@ -276,7 +282,8 @@ class _Scheduler:
             readers = self._reader_kernels(node, roots)
             trial = roots - {id(node)}
             if 0 < len(readers) <= MERGED_READERS and all(
-                    _merged_well(self._trial_kernel(reader, trial)) for reader in readers):
+                    _merged_well(self._trial_kernel(reader, trial), splittable=self.policy.rows)
+                    for reader in readers):
                 roots = trial
         return roots
 
@@ -590,8 +597,12 @@ def _rows_well(kernel: Kernel) -> bool:
     return per_row is not None and len(per_row) <= MERGED_PER_KERNEL
 
 
-def _merged_well(kernel: Kernel) -> bool:
+def _merged_well(kernel: Kernel, splittable: bool = False) -> bool:
+    """Whether a kernel's reductions each run once per point, and few; `splittable`: and one
+    only where one runs over a length known only at run time."""
     once, repeated = split_reductions(kernel.value)
+    if splittable and len(once) > 1 and any(not r.extent.is_const for r in once):
+        return False
     return not repeated and len(once) <= MERGED_PER_KERNEL
 
 

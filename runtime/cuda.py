@@ -23,6 +23,11 @@ from .library import ArrayInterop, LibraryKernel
 
 _MAX_BLOCKS = 65535 * 8      # the grid-stride loop covers the rest
 _THREADS_PER_SM = 2048       # the most threads an SM holds at once (sm_80 and sm_90)
+# a kernel whose points vary (decode's window) is launched with at most this many times the
+# blocks the GPU holds at once: a CUDA graph records it at the largest size, and the blocks past
+# the live points still launch, to exit (max_seq 4,096 at position 64 on the H200: the scores
+# kernel took 10.9 us a layer, 2.1 us recorded at max_seq 704)
+_VARYING_WAVES = 2
 
 
 def cupy_or_error():
@@ -215,7 +220,9 @@ class CudaBackend:
         # a staged configuration's blocks each fill their rows first: no more of them than the
         # GPU holds at once, each taking its share of the points, so the rows are computed once
         # per resident block rather than once per few points
-        most = self._sms * (_THREADS_PER_SM // config.block) if config.stage else _MAX_BLOCKS // parts
+        resident = self._sms * (_THREADS_PER_SM // config.block)
+        most = (resident if config.stage else _MAX_BLOCKS // parts if fixed
+                else min(_MAX_BLOCKS, resident * _VARYING_WAVES))
 
         def blocks(env) -> int:
             points = 1

@@ -22,6 +22,7 @@ from kiln.runtime.executor import Executor
 POLICIES = (FusionPolicy(), FusionPolicy(inline_limit=0, broadcast_limit=0),
             FusionPolicy(inline_limit=10**6, broadcast_limit=10**6, epilogues=True),
             FusionPolicy(epilogues=True), FusionPolicy(rows=True), FusionPolicy(rows=True, attention=True),
+            FusionPolicy(64, 16, epilogues=True, merges=True, rows=True),
             FusionPolicy(64, 16, epilogues=True, merges=True))
 # a few units in the last place: libm and numpy round transcendentals and sums differently
 RTOL = {DType.F32: 1e-4, DType.F16: 2.0 ** -8, DType.BF16: 2.0 ** -6}

@@ -538,6 +538,30 @@ def test_softmax_merged_into_pv_computes_each_probability_once_per_head_and_posi
     assert "exp2f" not in columns and "kiln_row" in columns
 
 
+def test_merged_with_rows_softmax_is_a_row_kernel_and_pv_one_splittable_loop(tiny_lm, rng):
+    """Merging with rows keeps P.V over decode's window one reduction (a split can share a long
+    context among blocks): softmax's max and sum merge into its probabilities, a row kernel, one
+    kernel more per layer than the merge alone, every output equal to the interpreter."""
+    from kiln.codegen.cuda_emit import splittable
+    from kiln.codegen.kernel import row_reductions, split_reductions
+    g = tiny_lm.decode
+    merged, with_rows = schedule(g, POLICIES[-1]), schedule(g, POLICIES[-2])
+    assert POLICIES[-2].rows and POLICIES[-2].merges
+    window = [k for k in with_rows.kernels if any(not r.extent.is_const for r in split_reductions(k.value)[0])]
+    # more than one reduction over the window only in a row kernel: softmax's statistics
+    assert window and all(len(split_reductions(k.value)[0]) == 1 or row_reductions(k) for k in window)
+    pv = [k for k in window if all(e.is_const for _, e in k.loops)]        # [heads, 1, d]
+    assert pv and all(splittable(k) for k in pv)
+    assert any(len(row_reductions(k) or ()) >= 2 for k in with_rows.kernels)     # softmax by rows
+    assert len(merged.kernels) < len(with_rows.kernels) <= len(merged.kernels) + len(pv)
+    caches = [c.shape for c in tiny_lm.cache.zeros()]
+
+    def args(pos: int) -> list[np.ndarray]:
+        return decode_args(g, rng.integers(0, 64, (1, 1)), pos,
+                           [rng.standard_normal(s).astype(np.float32) for s in caches])
+    check(g, args(0), args(9), args(15), policies=POLICIES[-2:-1], sets=(0, 1, 2))
+
+
 def test_traffic_of_a_gather_counts_the_rows_it_picks_not_the_table():
     from kiln.codegen.kernel import traffic_bytes
     table = Node(Op.INPUT, name="table", role="weight", shape=shape_of((1000, 16)), dtype=DType.F32)

@@ -354,6 +354,7 @@ def test_a_padded_prefill_replays_one_recording_per_padded_length(products):
 
 @pytest.mark.parametrize("step,policy", [("decode", "inline12-bcast1-epilogue"),
                                          ("decode", "inline64-bcast16-epilogue-merge"),
+                                         ("decode", "inline64-bcast16-epilogue-merge-rows"),
                                          ("decode", "inline12-bcast1-rows"), ("prefill", "inline12-bcast1-rows")])
 @needs_gpu
 def test_every_configuration_of_every_kernel_equals_the_interpreter(step, policy):
@@ -396,6 +397,8 @@ def test_every_configuration_of_every_kernel_equals_the_interpreter(step, policy
     keys = {key for _, key in checked}
     if policy.endswith("rows"):   # softmax (and the prefill norms) a block per row
         assert any(k.endswith("-row") for k in keys)
+        if "merge" in policy:     # P.V over the window split among blocks
+            assert any("across" in k and "split" in k for k in keys)
         return
     assert any("across" in k for k in keys) and any("group8-" in k for k in keys)
     assert any("split" in k for k in keys)
