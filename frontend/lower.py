@@ -1,6 +1,7 @@
 """torch.export -> core ATen -> Kiln IR, and `interpret` to run the result on torch tensors."""
 from __future__ import annotations
 
+import functools
 import inspect
 import operator
 import re
@@ -17,6 +18,7 @@ from torch.utils._sympy.numbers import int_oo
 from ..ir import DType, Expr, ExportError, Graph, KilnTypeError, Node, Op, UnsupportedOp, build, run
 from ..ir.serialize import resolve_spec
 from ..ir.symbolic import prod
+from .lowerings.complex_pairs import Complex, lower_complex
 from .registry import UNSUPPORTED, LowerCtx, all_lowerings
 from ..ir.tensors import from_numpy, kiln_dtype, to_numpy, torch_dtype
 from .symbols import to_expr
@@ -123,7 +125,9 @@ def _lower_call(fx: torch.fx.Node, env: dict, lowerings: dict, names: dict) -> A
     if target is torch.ops.aten.sym_numel.default:
         return prod(args[0].shape)
     lowering = lowerings.get(target)
-    if lowering is None:
+    if any(isinstance(a, Complex) for a in pytree.tree_leaves((args, kwargs))):
+        lowering = functools.partial(lower_complex, target, lowerings=lowerings)
+    elif lowering is None:
         raise UnsupportedOp(_unsupported_message(fx))
     try:
         return lowering(LowerCtx(fx, names), *args, **kwargs)

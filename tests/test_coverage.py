@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from kiln.frontend.coverage import Row, check, ranked_ops
 
-STOPPED = ("Llama4ForCausalLM", "aten.polar")     # rotary in complex numbers
+# expert sizes read back to the host (.tolist()) to split the tokens: shapes that depend on data
+STOPPED = ("JetMoeForCausalLM", "aten._local_scalar_dense")
 
 
-def test_a_dense_and_a_mixture_of_experts_lm_lower_and_match_eager():
-    for arch in ("LlamaForCausalLM", "MixtralForCausalLM"):
+def test_dense_mixture_of_experts_complex_rotary_and_integer_mask_lms_lower_and_match_eager():
+    for arch in ("LlamaForCausalLM", "MixtralForCausalLM", "Llama4ForCausalLM", "CpmAntForCausalLM"):
         row = check(arch)
         assert row.stage == "lowered" and row.error < 1e-4, row
 

@@ -160,6 +160,7 @@ UNDECOMPOSED: dict[str, tuple[torch.dtype, ...]] = {
 
 # Lowerings that no OpInfo sample reaches, with the reason and where they are covered instead.
 _OUTSIDE = "covered by test_outside_opinfo"
+_COMPLEX = "covered by test_complex_values_lower_as_pairs_of_reals"
 NOT_IN_OPINFO: dict[Any, str] = {
     aten._unsafe_view.default: "torch 2.13's export no longer emits it (older releases did after a "
                                "matmul); it shares view's lowering, which every reshape here reaches",
@@ -192,6 +193,9 @@ NOT_IN_OPINFO: dict[Any, str] = {
     aten.upsample_nearest3d.vec: f"beyond the first samples of OpInfo's interpolate; {_OUTSIDE}",
     aten._upsample_nearest_exact2d.vec: f"beyond the first samples of OpInfo's interpolate; {_OUTSIDE}",
     aten._upsample_nearest_exact3d.vec: f"beyond the first samples of OpInfo's interpolate; {_OUTSIDE}",
+    aten.polar.default: f"complex results: {_COMPLEX}",
+    aten.view_as_complex.default: f"complex results: {_COMPLEX}",
+    aten.view_as_real.default: f"complex operands: {_COMPLEX}",
 }
 
 # A module reaching each lowering NOT_IN_OPINFO sends to test_outside_opinfo, and the graph to lower it
@@ -463,3 +467,36 @@ def test_every_lowering_is_exercised():
     untested = sorted(str(t) for t, why in NOT_IN_OPINFO.items()
                       if _OUTSIDE in why and t not in OUTSIDE_OPINFO)
     assert not untested, f"NOT_IN_OPINFO sends these to test_outside_opinfo, which lacks them: {untested}"
+
+
+def test_bitwise_ops_on_an_integer_and_a_mask_equal_eager():
+    """An integer with a bool mask (CPM-Ant builds its attention mask as int | bool & bool) or a
+    0/1 constant lowers exactly, negative values included; two general integers are refused."""
+    class Mixed(torch.nn.Module):
+        def forward(self, x, mask):
+            return ((x | mask) + 3 * (x & mask) + 5 * (x ^ mask) + 7 * (mask.long() & x) + ~x
+                    + 11 * (x & 1) + 13 * (x ^ True) + (x | 0))
+    torch.manual_seed(1)
+    x, mask = torch.randint(-1000, 1000, (5, 9)), torch.rand(5, 9) > 0.5
+    got = kiln.interpret(kiln.lower(Mixed(), (x, mask)), x, mask)
+    assert torch.equal(pytree.tree_leaves(got)[0], Mixed()(x, mask))
+    with pytest.raises(UnsupportedOp, match="two integers"):
+        kiln.lower(_Lambda(lambda a, b: a & b), (x, x + 3))
+
+
+def test_complex_values_lower_as_pairs_of_reals():
+    """Llama 4's rotary in complex numbers (polar, view_as_complex, a product, view_as_real),
+    with a complex sum, difference and views between: equal to eager on random values; an op
+    with no complex lowering is named."""
+    class Rotary(torch.nn.Module):
+        def forward(self, x, angle):
+            turn = torch.polar(torch.ones_like(angle), angle) * 0.5            # [seq, pairs]
+            z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))        # [seq, heads, pairs]
+            rotated = z * turn[:, None, :] + 2.0 * z - z[:, :1] * turn.unsqueeze(1)
+            return torch.view_as_real(rotated * 3.0 - 1.5).flatten(2)
+    torch.manual_seed(2)
+    x, angle = torch.randn(5, 3, 8), torch.rand(5, 4) * 100
+    got = kiln.interpret(kiln.lower(Rotary(), (x, angle)), x, angle)
+    torch.testing.assert_close(pytree.tree_leaves(got)[0], Rotary()(x, angle), rtol=1e-5, atol=1e-5)
+    with pytest.raises(UnsupportedOp, match="complex value reaches aten.exp"):
+        kiln.lower(_Lambda(lambda a: torch.view_as_real(torch.exp(torch.view_as_complex(a)))), (x.reshape(5, 12, 2),))

@@ -1,2 +1,3 @@
 """ATen lowerings, one module per topic; importing this package fills the registry."""
-from . import creation, indexing, normalization, pointwise, reductions, scatter, spatial, views  # noqa: F401
+from . import (complex_pairs, creation, indexing, normalization, pointwise, reductions, scatter,  # noqa: F401
+               spatial, views)

@@ -9,6 +9,7 @@ import math as pymath
 from typing import Callable
 
 from ...ir import DType, Node, Op, UnsupportedOp
+from ...ir.ops import VIEWS
 from ...ir import build
 from ...ir.symbolic import Expr
 from .. import math as m
@@ -136,23 +137,43 @@ pointwise(m.isnan, aten.isnan.default)
 pointwise(m.isinf, aten.isinf.default)
 
 
-def _bitwise(logic):
-    def on_bools(a, b):
-        if a.dtype is not DType.BOOL:
+def _zero_one(x: Node) -> bool:
+    """Whether every value of x is 0 or 1: a bool (widened, viewed) or such a constant."""
+    while x.dtype is not DType.BOOL and (x.op is Op.CAST or x.op in VIEWS):
+        x = x.inputs[0]
+    return x.dtype is DType.BOOL or (x.op is Op.CONSTANT and x.attrs["value"] in (0, 1))
+
+
+def _bitwise(logic, with_bit):
+    """A bitwise op: on bools the logic op; on integers where one operand is 0 or 1 (a bool
+    mask widened, CPM-Ant's attention mask), `with_bit(x, b, bit)` in arithmetic from x's lowest
+    bit (Python's x % 2: 0 or 1 at either sign, two's complement); two general integers have no
+    primitive."""
+    def lower(a, b):
+        if a.dtype is DType.BOOL:
+            return logic(a, b)
+        if not _zero_one(b):
+            a, b = b, a
+        if not _zero_one(b):
             raise_unsupported_bitwise()
-        return logic(a, b)
-    on_bools.__name__ = logic.__name__
-    return on_bools
+        return with_bit(a, b, m.remainder(a, m.c(2, a)))
+    lower.__name__ = logic.__name__
+    return lower
 
 
 def raise_unsupported_bitwise():
-    raise UnsupportedOp("kiln: bitwise ops on integers have no primitive (only bool operands lower)")
+    raise UnsupportedOp("kiln: bitwise ops on two integers have no primitive (only bool operands, or an "
+                        "integer with a bool or a 0/1 constant, lower)")
 
 
-pointwise(_bitwise(m.logical_and), aten.bitwise_and.Tensor, aten.bitwise_and.Scalar)
-pointwise(_bitwise(m.logical_or), aten.bitwise_or.Tensor, aten.bitwise_or.Scalar)
-pointwise(_bitwise(m.logical_xor), aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar)
-pointwise(lambda x: m.logical_not(x) if x.dtype is DType.BOOL else raise_unsupported_bitwise(),
+pointwise(_bitwise(m.logical_and, lambda x, b, bit: m.mul(b, bit)),
+          aten.bitwise_and.Tensor, aten.bitwise_and.Scalar)
+pointwise(_bitwise(m.logical_or, lambda x, b, bit: m.add(x, m.mul(b, m.sub(m.c(1, x), bit)))),
+          aten.bitwise_or.Tensor, aten.bitwise_or.Scalar)
+pointwise(_bitwise(m.logical_xor, lambda x, b, bit: m.add(x, m.mul(b, m.sub(m.c(1, x), m.mul(m.c(2, x), bit))))),
+          aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar)
+# ~x = -x - 1 in two's complement, wrapping alike at the most negative value
+pointwise(lambda x: m.logical_not(x) if x.dtype is DType.BOOL else m.sub(m.neg(x), m.c(1, x)),
           aten.bitwise_not.default)
 unsupported(aten.bitwise_left_shift.Tensor, "no shift primitive")
 unsupported(aten.bitwise_right_shift.Tensor, "no shift primitive")
