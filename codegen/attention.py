@@ -75,7 +75,9 @@ class Operand:
 @dataclass(frozen=True)
 class Attention:
     kernel: Kernel
-    query: str                      # the output loop over query positions (a tile's rows)
+    query: str | None               # the output loop over query positions (a tile's rows); None:
+                                    # one query a batch point (decode: its query heads' keys and
+                                    # values differ, or are shared by a group of heads)
     batch: tuple[str, ...]          # the other output loops but d (heads): one tile each
     d: str                          # the output loop over the value's dimension
     keys: Expr                      # the number of keys
@@ -160,8 +162,7 @@ def _match(kernel: Kernel) -> Attention:
     q, k = _operand(q_side, DEPTH), _operand(k_side, DEPTH)
     _need(q.load.dtype == k.load.dtype == v.dtype)
     queries = [x for x in rows if x in free_vars(q.load, memo) and x not in free_vars(k.load, memo)]
-    _need(len(queries) >= 1)
-    query = queries[-1]
+    query = queries[-1] if queries else None
     guards = _guards(guard, keys, score) if guard is not None else ()
     return Attention(kernel, query, tuple(x for x in rows if x != query), d, keys, depth.value, q, k,
                      v, score, logit, *_masked_part(logit, score), exponent, guards, guard, fill, cast)

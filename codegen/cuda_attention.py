@@ -17,6 +17,7 @@ from ..ir.ops import Op
 from .attention import (DEPTH, KEY, SCORE, Attention, AttentionConfig, _output, as_attention,
                         guard_body, guard_start, guard_update, snippet)
 from .c_emit import COMPUTE, STORAGE, index_code, literal, store_code
+from .cuda_decode_attention import DecodeAttentionConfig, decode_space
 from .kernel import Kernel, Load, Reduce
 
 _MMA = {DType.BF16: "bf16", DType.F16: "f16"}
@@ -31,10 +32,14 @@ def shared_bytes(depth: int, config: AttentionConfig) -> int:
     return 4 * config.keys * (depth + _PAD) * 2
 
 
-def attention_space(kernel: Kernel) -> list[AttentionConfig]:
+def attention_space(kernel: Kernel) -> list[AttentionConfig | DecodeAttentionConfig]:
     """A fused kernel's tilings that fit in shared memory (no other configuration is worth timing:
-    its loop nest computes each score once per output element)."""
-    depth = as_attention(kernel).depth
+    its loop nest computes each score once per output element); with one query a point (decode),
+    cuda_decode_attention's splits of the keys."""
+    a = as_attention(kernel)
+    if a.query is None:
+        return decode_space(a)
+    depth = a.depth
     return [c for c in (AttentionConfig(64, 64), AttentionConfig(128, 64), AttentionConfig(64, 32),
                         AttentionConfig(128, 32)) if shared_bytes(depth, c) <= SHARED_BYTES]
 

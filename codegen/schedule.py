@@ -45,7 +45,8 @@ class FusionPolicy:
     `attention`: a product whose operand is a row kernel (softmax)
     takes in that kernel and every wide (f32) kernel behind it up to 16-bit values (the scores,
     the scaled query and keys), where the result is fused attention (codegen/attention.py): one
-    pass over the keys, no scores stored."""
+    pass over the keys, no scores stored; in decode, one query a head, its keys split among
+    blocks on the GPU (codegen/cuda_decode_attention.py)."""
     inline_limit: int = 12
     broadcast_limit: int = 1
     epilogues: bool = False
@@ -65,7 +66,8 @@ POLICIES = {p.key(): p for p in (FusionPolicy(12, 1), FusionPolicy(12, 1, epilog
                                   FusionPolicy(64, 16, epilogues=True), FusionPolicy(12, 1, rows=True),
                                   FusionPolicy(12, 1, rows=True, attention=True),
                                   FusionPolicy(64, 16, epilogues=True, merges=True),
-                                  FusionPolicy(64, 16, epilogues=True, merges=True, rows=True))}
+                                  FusionPolicy(64, 16, epilogues=True, merges=True, rows=True),
+                                  FusionPolicy(64, 16, epilogues=True, merges=True, rows=True, attention=True))}
 
 _ROUNDED = (DType.BF16, DType.F16)
 

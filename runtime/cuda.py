@@ -12,6 +12,9 @@ import numpy as np
 
 from ..codegen.attention import AttentionConfig, as_attention
 from ..codegen.cuda_attention import attention_space, emit_cuda_attention
+from ..codegen.cuda_decode_attention import WARPS as DECODE_WARPS
+from ..codegen.cuda_decode_attention import DecodeAttentionConfig, emit_cuda_decode_attention
+from ..codegen.cuda_decode_attention import split_scratch as decode_scratch
 from ..codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda, points_per_thread, split_scratch
 from ..codegen.kernel import Kernel, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
@@ -69,6 +72,8 @@ class CudaBackend:
             return as_gemm(kernel).rendered(IMPLEMENTATION + ("-" + TF32 if config.library == TF32 else ""))
         if isinstance(config, AttentionConfig):
             draft = emit_cuda_attention(as_attention(kernel), config, "KERNEL")
+        elif isinstance(config, DecodeAttentionConfig):
+            draft = emit_cuda_decode_attention(as_attention(kernel), config, "KERNEL")
         else:
             draft = emit_cuda(kernel, config, "KERNEL")
         name = f"k_{source_hash(draft)}"
@@ -103,6 +108,8 @@ class CudaBackend:
     def config_from_json(data: dict) -> CudaConfig | LibraryConfig | AttentionConfig:
         if "attention" in data:
             return AttentionConfig.from_json(data)
+        if "decode_attention" in data:
+            return DecodeAttentionConfig.from_json(data)
         return LibraryConfig(data["library"]) if "library" in data else CudaConfig.from_json(data)
 
     def compile(self, functions: dict[str, str]) -> dict[str, object]:
@@ -212,6 +219,8 @@ class CudaBackend:
             return fn.launcher(kernel)
         if isinstance(config, AttentionConfig):
             return _attention_launcher(fn, as_attention(kernel), config)
+        if isinstance(config, DecodeAttentionConfig):
+            return self._decode_attention_launcher(fn, as_attention(kernel), config)
         # a row configuration's groups take rows (every loop but the last), any other's points
         extents = [e for _, e in (kernel.loops[:-1] if config.row else kernel.loops)]
         fixed = all(e.is_const for e in extents)
@@ -240,6 +249,22 @@ class CudaBackend:
 
         def launch(args, env):
             fn(grid or (blocks(env),), block, (*args, *extra))
+        return launch
+
+    def _decode_attention_launcher(self, fn, attention, config: DecodeAttentionConfig):
+        """A block per part of each batch point's keys (codegen/cuda_decode_attention.py), a
+        split's partials and arrival counters allocated once here, the counters zeroed."""
+        loops = dict(attention.kernel.loops)
+        batch = [loops[v] for v in attention.batch]
+        scratch_bytes, counters = decode_scratch(attention, config)
+        extra = (self.cp.empty(scratch_bytes, dtype=self.cp.uint8),
+                 self.cp.zeros(counters, dtype=self.cp.uint32)) if config.split > 1 else ()
+
+        def launch(args, env):
+            points = 1
+            for extent in batch:
+                points *= extent.evaluate(env)
+            fn((points * config.split,), (DECODE_WARPS * 32,), (*args, *extra))
         return launch
 
     @staticmethod

@@ -562,6 +562,37 @@ def test_merged_with_rows_softmax_is_a_row_kernel_and_pv_one_splittable_loop(tin
     check(g, args(0), args(9), args(15), policies=POLICIES[-2:-1], sets=(0, 1, 2))
 
 
+@pytest.mark.parametrize("policy", [FusionPolicy(rows=True, attention=True),
+                                    FusionPolicy(64, 16, epilogues=True, merges=True, rows=True, attention=True)],
+                         ids=lambda p: p.key())
+def test_decode_attention_is_one_fused_kernel_a_layer_equal_to_the_interpreter(rng, policy):
+    """In decode each head has one query: the attention merge takes the scores, softmax and P.V
+    of a bf16 model into one fused kernel a layer (one pass over the window, no scores stored),
+    which C runs a head at a time, equal to the interpreter as the window grows. 4 query heads
+    over 2: a head's keys are its pair's (with one KV head, its queries are the heads' rows)."""
+    import torch
+    from kiln.codegen.attention import as_attention
+    from kiln.frontend.hf import lower_causal_lm
+    from tests.helpers import tiny_llama
+    lm = lower_causal_lm(tiny_llama(2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+                         .to(torch.bfloat16), 16)
+    g = lm.decode
+    program = schedule(g, policy)
+    fused = [as_attention(k) for k in program.kernels if as_attention(k)]
+    from kiln.ir.decode import CACHES_START
+    caches = [(tuple(d.value for d in n.shape), n.dtype.np) for n in g.inputs[CACHES_START:]]
+    assert fused and all(a.query is None and a.batch for a in fused)
+    assert len(fused) == len(caches) // 2            # a key cache and a value cache a layer
+    without = schedule(g, FusionPolicy(policy.inline_limit, policy.broadcast_limit, policy.epilogues,
+                                       policy.merges, policy.rows))
+    assert len(program.kernels) < len(without.kernels)
+
+    def args(pos: int) -> list[np.ndarray]:
+        return decode_args(g, rng.integers(0, 64, (1, 1)), pos,
+                           [rng.standard_normal(s).astype(dtype) for s, dtype in caches])
+    check(g, args(0), args(9), args(15), policies=[policy], sets=(0, 1, 2))
+
+
 def test_traffic_of_a_gather_counts_the_rows_it_picks_not_the_table():
     from kiln.codegen.kernel import traffic_bytes
     table = Node(Op.INPUT, name="table", role="weight", shape=shape_of((1000, 16)), dtype=DType.F32)

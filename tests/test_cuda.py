@@ -424,7 +424,8 @@ def test_fused_attention_of_each_tiling_equals_the_interpreter(length):
     _, lm = tiny_case("heads64_bf16")
     graph, backend = last_position(lm.prefill, at_length=True), CudaBackend()
     program = schedule(graph, POLICIES["inline12-bcast1-rows-attention"])
-    fused = [k for k in program.kernels if as_attention(k)]
+    # the last layer's, for the last position alone, is decode's form (its own test below)
+    fused = [k for k in program.kernels if as_attention(k) and as_attention(k).query is not None]
     assert len(fused) == 1
     args = prompt_args(graph, np.random.default_rng(length).integers(0, 64, (1, length)), pad=True)
     assert args[0].shape[1] > length
@@ -434,11 +435,79 @@ def test_fused_attention_of_each_tiling_equals_the_interpreter(length):
     want = dict(zip(names, evaluate([program.nodes[n] for n in names], feeds, env)))
     rtol = tolerance([np.dtype(DType.BF16.np)])
     for config in attention_space(fused[0]):
-        configs = [config if as_attention(k) else backend.default_config(k) for k in program.kernels]
+        configs = [config if k is fused[0] else backend.default_config(k) for k in program.kernels]
         got = Executor(graph, program, configs, backend, reuse=False).trace(*[np.copy(a) for a in args])
         for kernel, name in zip(program.kernels, names):
             problem = mismatch(got[name], want[name], rtol)
             assert not problem, f"{kernel.label} [{config.key()}]: {problem}"
+
+
+def _decode_attention_kernels():
+    """The heads64 Llama's decode under the policies that fuse its attention: each head one query,
+    its keys the pair's (4 over 2)."""
+    from kiln.codegen.attention import as_attention
+    _, lm = tiny_case("heads64_bf16")
+    out = []
+    for policy in ("inline12-bcast1-rows-attention", "inline64-bcast16-epilogue-merge-rows-attention"):
+        program = schedule(lm.decode, POLICIES[policy])
+        out.append((lm.decode, program, [k for k in program.kernels if as_attention(k)]))
+    return out
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
+def test_decode_attention_compiles_with_nvcc_in_every_split(tmp_path):
+    """Decode's fused attention (one query a head) in each split of the keys among blocks compiles
+    for the H200; a split's blocks combine through scratch memory and an arrival counter."""
+    from kiln.codegen.attention import as_attention
+    from kiln.codegen.cuda_attention import attention_space
+    from kiln.codegen.cuda_decode_attention import emit_cuda_decode_attention
+    sources = []
+    for _, _, fused in _decode_attention_kernels():
+        assert fused and all(as_attention(k).query is None for k in fused)
+        for k in fused:
+            space = attention_space(k)
+            assert [c.split for c in space][0] == 1 and max(c.split for c in space) > 1
+            sources += [emit_cuda_decode_attention(as_attention(k), c, f"k{len(sources)}_{j}")
+                        for j, c in enumerate(space)]
+    assert any("atomicAdd(kiln_arrivals" in s for s in sources)
+    unit = tmp_path / "decode.cu"
+    unit.write_text(PRELUDE + "\n".join(sources))
+    result = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", str(unit), "-o", str(tmp_path / "decode.ptx")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("position", [0, 11, 150])
+@needs_gpu
+def test_decode_attention_of_each_split_equals_the_interpreter(position):
+    """Each split of decode's fused attention, launched twice (a split's counters are left ready
+    for the next launch), against the interpreter's value of the node it holds, at a few cache
+    positions (the window from one key to most of the cache); the other kernels at their
+    defaults, on random caches."""
+    from kiln.codegen.attention import as_attention
+    from kiln.codegen.cuda_attention import attention_space
+    from kiln.ir import evaluate
+    from kiln.ir.compare import mismatch, tolerance
+    from kiln.runtime.cuda import CudaBackend
+    from kiln.runtime.executor import Executor
+    backend, rtol = CudaBackend(), tolerance([np.dtype(DType.BF16.np)])
+    rng = np.random.default_rng(position)
+    for graph, program, fused in _decode_attention_kernels():
+        args = decode_args(graph, np.array([[7]]), position, [
+            (rng.standard_normal(tuple(d.value for d in n.shape)) * 0.5).astype(n.dtype.np)
+            for n in graph.inputs[CACHES_START:]])
+        feeds = {**dict(zip(graph.inputs, args)), **{n: graph.weights[n.attrs["name"]] for n in graph.weight_nodes()}}
+        names = [k.output.name for k in program.kernels]
+        env = graph.bind_symbols([np.shape(a) for a in args], [np.asarray(a).dtype for a in args])
+        want = dict(zip(names, evaluate([program.nodes[n] for n in names], feeds, env)))
+        for config in attention_space(fused[0]):
+            configs = [config if as_attention(k) else backend.default_config(k) for k in program.kernels]
+            executor = Executor(graph, program, configs, backend, reuse=False)
+            for launch in range(2):
+                got = executor.trace(*[np.copy(a) for a in args])
+                for kernel, name in zip(program.kernels, names):
+                    problem = mismatch(got[name], want[name], rtol)
+                    assert not problem, f"{kernel.label} [{config.key()}], launch {launch + 1}: {problem}"
 
 
 def attention_cases() -> dict:

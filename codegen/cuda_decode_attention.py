@@ -1,0 +1,257 @@
+"""Fused attention with one query a batch point (decode; codegen/attention.py has the algebra),
+flash-decoding's way: the keys of each point (a query head) are split among `split` blocks, each
+block's 4 warps take every fourth key of its part, one key at a time across the warp's lanes (a
+lane holds every 32nd element of the query and of the output row), keeping an online softmax.
+The warps' running maxima, sums and output rows combine through shared memory, rescaled to the
+block's maximum; with a split each block writes that partial to scratch memory, and the last of
+a point's blocks to arrive (an atomic counter it resets for the next launch) combines the parts
+in order, rescaled to their maximum, and writes the row. The key count is read at run time, so a
+CUDA graph recorded at max_seq serves every position, its work growing with the context."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..ir.dtypes import DType
+from .attention import (DEPTH, KEY, SCORE, Attention, _load, _online_update, _output, guard_body,
+                        guard_start, guard_update, snippet)
+from .c_emit import STORAGE, index_code, literal, reduction_accumulator, store_code
+
+WARPS = 4
+PARTIAL_BYTES = 8       # one scratch slot: a running maximum, sum, guard or output element
+
+
+@dataclass(frozen=True)
+class DecodeAttentionConfig:
+    """Each batch point's keys shared among `split` blocks of WARPS warps."""
+    split: int = 1
+
+    def key(self) -> str:
+        return f"decode-attention-s{self.split}"
+
+    def to_json(self) -> dict:
+        return {"decode_attention": {"split": self.split}}
+
+    @staticmethod
+    def from_json(data: dict) -> DecodeAttentionConfig:
+        return DecodeAttentionConfig(int(data["decode_attention"]["split"]))
+
+
+def points(a: Attention) -> int | None:
+    """The batch points (query heads), where their number is fixed."""
+    loops = dict(a.kernel.loops)
+    count = 1
+    for var in a.batch:
+        if not loops[var].is_const:
+            return None
+        count *= loops[var].value
+    return count
+
+
+def decode_space(a: Attention) -> list[DecodeAttentionConfig]:
+    """A split where the points are fixed in number (the scratch is allocated once): few points
+    (a model's heads) leave most of a large GPU idle without one."""
+    return [DecodeAttentionConfig(s) for s in ((1, 16, 4, 64) if points(a) is not None else (1,))]
+
+
+def split_scratch(a: Attention, config: DecodeAttentionConfig) -> tuple[int, int]:
+    """The bytes of a split launch's partials and its count of arrival counters (one a point)."""
+    if config.split == 1:
+        return 0, 0
+    return points(a) * config.split * _slots(a) * PARTIAL_BYTES, points(a)
+
+
+def _slots(a: Attention) -> int:
+    """A partial's slots: the maximum, the sum, each guard, the output row."""
+    return 2 + len(a.guards) + _width(a)
+
+
+def _width(a: Attention) -> int:
+    return dict(a.kernel.loops)[a.d].value
+
+
+def emit_cuda_decode_attention(a: Attention, config: DecodeAttentionConfig, name: str) -> str:
+    kernel, depth, width, parts = a.kernel, a.depth, _width(a), config.split
+    loops = dict(kernel.loops)
+    params = [f"{STORAGE[b.dtype]}* __restrict__ {b.name}" for b in kernel.outputs]
+    params += [f"const {STORAGE[b.dtype]}* __restrict__ {b.name}" for b in kernel.inputs]
+    params.append("const int64_t* __restrict__ kiln_sym")
+    if parts > 1:
+        params += ["unsigned char* __restrict__ kiln_scratch", "unsigned int* __restrict__ kiln_arrivals"]
+    out = [f'extern "C" __global__ void __launch_bounds__({WARPS * 32}) {name}({", ".join(params)}) {{']
+    body = [f"const int64_t {s} = kiln_sym[{i}];" for i, s in enumerate(kernel.symbols)]
+    body += ["const int kiln_warp = threadIdx.x / 32, kiln_lane = threadIdx.x % 32;",
+             f"const int64_t kiln_point = blockIdx.x / {parts};",
+             f"const int kiln_part = blockIdx.x % {parts}; (void)kiln_part;",
+             "int64_t kiln_b = kiln_point;"]
+    for var in reversed(a.batch):
+        body.append(f"const int64_t {var} = kiln_b % ({index_code(loops[var])}); kiln_b /= ({index_code(loops[var])});")
+    body += [f"const int64_t kiln_nk = {index_code(a.keys)};",
+             f"const int64_t kiln_chunk = (kiln_nk + {parts - 1}) / {parts};",
+             "const int64_t kiln_begin = kiln_part * kiln_chunk;",
+             "const int64_t kiln_end = kiln_begin + kiln_chunk < kiln_nk ? kiln_begin + kiln_chunk : kiln_nk;"]
+    q_steps, v_steps = -(-depth // 32), -(-width // 32)
+    body += [f"float kiln_q[{q_steps}], kiln_acc[{v_steps}], kiln_m = -INFINITY, kiln_l = 0.0f;",
+             "#pragma unroll",
+             f"for (int kiln_i = 0; kiln_i < {q_steps}; kiln_i++) {{",
+             f"  const int64_t {DEPTH} = kiln_lane + 32 * kiln_i;",
+             f"  kiln_q[kiln_i] = {DEPTH} < {depth} ? {_load(a.q.load)} : 0.0f;",
+             "}",
+             "#pragma unroll",
+             f"for (int kiln_i = 0; kiln_i < {v_steps}; kiln_i++) kiln_acc[kiln_i] = 0.0f;"]
+    accs = {r: f"kiln_g{i}" for i, r in enumerate(a.guards)}
+    for r, acc in accs.items():
+        acc_type, start = guard_start(r)
+        body.append(f"{acc_type} {acc} = {start};")
+    body += _keys(a, accs, q_steps, v_steps)
+    body += _combine_warps(a, accs, v_steps)
+    if parts > 1:
+        body += _combine_parts(a, accs, parts)
+    body += _store(a, accs)
+    out += ["  " + line for line in body]
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def _keys(a: Attention, accs: dict, q_steps: int, v_steps: int) -> list[str]:
+    """Each warp's keys, one at a time: the score across the lanes, the logit and guards (the
+    same in every lane), the online update of the lane's output elements."""
+    depth, known = a.depth, {a.score: SCORE}
+    step = [f"float {SCORE} = 0.0f, kiln_x, kiln_e;",
+            "#pragma unroll",
+            f"for (int kiln_i = 0; kiln_i < {q_steps}; kiln_i++) {{",
+            f"  const int64_t {DEPTH} = kiln_lane + 32 * kiln_i;",
+            f"  if ({DEPTH} < {depth}) {SCORE} += kiln_q[kiln_i] * {_load(a.k.load)};",
+            "}",
+            "#pragma unroll",
+            f"for (int kiln_o = 16; kiln_o >= 1; kiln_o >>= 1) {SCORE} += __shfl_xor_sync(0xffffffffu, {SCORE}, kiln_o);",
+            f"{SCORE} *= {literal(a.q.scale * a.k.scale, DType.F32)};"]
+    for r, acc in accs.items():
+        step.append(f"{_type(r)} kiln_gv;")
+        step += snippet(guard_body(a, r), known, "kiln_gv")
+        step.append(guard_update(r, acc, "kiln_gv"))
+    step += snippet(a.logit, known, "kiln_x")
+    step += _online_update(a, "kiln_x", "kiln_m", "kiln_l", "kiln_e", "kiln_rescale")
+    step += ["#pragma unroll",
+             f"for (int kiln_i = 0; kiln_i < {v_steps}; kiln_i++) {{",
+             f"  const int64_t {a.d} = kiln_lane + 32 * kiln_i;",
+             f"  kiln_acc[kiln_i] = kiln_acc[kiln_i] * kiln_rescale + "
+             f"({a.d} < {_width(a)} ? kiln_e * {_load(a.v)} : 0.0f);",
+             "}"]
+    return ([f"for (int64_t {KEY} = kiln_begin + kiln_warp; {KEY} < kiln_end; {KEY} += {WARPS}) {{"]
+            + ["  " + line for line in step] + ["}"])
+
+
+def _type(r) -> str:
+    return reduction_accumulator(r)[0]
+
+
+def _combine_warps(a: Attention, accs: dict, v_steps: int) -> list[str]:
+    """The warps' maxima, sums, guards and output rows in shared memory, then every thread holds
+    the block's maximum, sum and guards (kiln_m, kiln_l, the guard accumulators), and the output
+    elements the block's threads take (kiln_bacc, at the row's element threadIdx.x + 128 k)."""
+    width = _width(a)
+    lines = [f"__shared__ float kiln_wm[{WARPS}], kiln_wl[{WARPS}], kiln_wacc[{WARPS}][{width}];"]
+    lines += [f"__shared__ {_type(r)} kiln_wg{i}[{WARPS}];" for i, r in enumerate(accs)]
+    lines += ["if (kiln_lane == 0) {", "  kiln_wm[kiln_warp] = kiln_m; kiln_wl[kiln_warp] = kiln_l;"]
+    lines += [f"  kiln_wg{i}[kiln_warp] = {acc};" for i, acc in enumerate(accs.values())]
+    lines += ["}",
+              "#pragma unroll",
+              f"for (int kiln_i = 0; kiln_i < {v_steps}; kiln_i++)",
+              f"  if (kiln_lane + 32 * kiln_i < {width}) kiln_wacc[kiln_warp][kiln_lane + 32 * kiln_i] = kiln_acc[kiln_i];",
+              "__syncthreads();"]
+    per_thread = -(-width // (WARPS * 32))
+    lines += _rescaled(a, accs, WARPS, "kiln_f", "kiln_wm[kiln_w]", "kiln_wl[kiln_w]",
+                       lambda i, w: f"kiln_wg{i}[{w}]", "kiln_w")
+    lines += [f"float kiln_bacc[{per_thread}];",
+              "#pragma unroll",
+              f"for (int kiln_n = 0; kiln_n < {per_thread}; kiln_n++) {{",
+              f"  const int kiln_d = threadIdx.x + {WARPS * 32} * kiln_n;",
+              "  kiln_bacc[kiln_n] = 0.0f;",
+              f"  if (kiln_d < {width})",
+              f"    for (int kiln_w = 0; kiln_w < {WARPS}; kiln_w++)",
+              "      kiln_bacc[kiln_n] += kiln_wacc[kiln_w][kiln_d] * kiln_f[kiln_w];",
+              "}"]
+    return lines
+
+
+def _rescaled(a: Attention, accs: dict, count: int, factors: str, maximum: str, total: str,
+              guard: Callable[[int, str], str], index: str) -> list[str]:
+    """kiln_m, kiln_l and the guard accumulators over `count` partials (`maximum` and `total` read
+    partial `index`, `guard(i, which)` guard i of partial `which`), and `factors`[index]: the
+    factor a partial's sums take to the common maximum."""
+    exponent = literal(a.exponent, DType.F32)
+    lines = [f"float {factors}[{count}];",
+             "kiln_m = -INFINITY;",
+             f"for (int {index} = 0; {index} < {count}; {index}++) {{",
+             f"  const float kiln_pm = {maximum};",
+             "  kiln_m = kiln_pm > kiln_m ? kiln_pm : kiln_m;",
+             "}",
+             "kiln_l = 0.0f;",
+             "{",
+             "  const float kiln_top = kiln_m == -INFINITY ? 0.0f : kiln_m;",
+             f"  for (int {index} = 0; {index} < {count}; {index}++) {{",
+             f"    {factors}[{index}] = exp2f(({maximum} - kiln_top) * {exponent});",
+             f"    kiln_l += {total} * {factors}[{index}];",
+             "  }",
+             "}"]
+    for i, (r, acc) in enumerate(accs.items()):
+        combine = reduction_accumulator(r)[2]
+        lines.append(f"{acc} = {guard(i, '0')};")
+        lines.append(f"for (int {index} = 1; {index} < {count}; {index}++) "
+                     f"{acc} = {combine.format(a=acc, b=guard(i, index))};")
+    return lines
+
+
+def _combine_parts(a: Attention, accs: dict, parts: int) -> list[str]:
+    """Each block's partial to scratch; the last block of the point to arrive combines them."""
+    width, slots, guards = _width(a), _slots(a), len(accs)
+    per_thread = -(-width // (WARPS * 32))
+
+    def slot(part: str, k: str, kind: str = "float") -> str:
+        return f"(({kind}*)(kiln_scratch + {PARTIAL_BYTES} * ((kiln_point * {parts} + {part}) * {slots} + {k})))"
+    lines = ["if (threadIdx.x == 0) {",
+             f"  *{slot('kiln_part', '0')} = kiln_m; *{slot('kiln_part', '1')} = kiln_l;"]
+    lines += [f"  *{slot('kiln_part', str(2 + i), _type(r))} = {acc};" for i, (r, acc) in enumerate(accs.items())]
+    lines += ["}",
+              f"for (int kiln_n = 0; kiln_n < {per_thread}; kiln_n++) {{",
+              f"  const int kiln_d = threadIdx.x + {WARPS * 32} * kiln_n;",
+              f"  if (kiln_d < {width}) *{slot('kiln_part', f'{2 + guards} + kiln_d')} = kiln_bacc[kiln_n];",
+              "}",
+              "__threadfence();   // the partials visible to the block that arrives last",
+              "__syncthreads();",
+              "__shared__ bool kiln_last;",
+              "if (threadIdx.x == 0) {",
+              f"  kiln_last = atomicAdd(kiln_arrivals + kiln_point, 1u) == {parts - 1}u;",
+              "  if (kiln_last) kiln_arrivals[kiln_point] = 0u;   // ready for the next launch",
+              "}",
+              "__syncthreads();",
+              "if (!kiln_last) return;",
+              "__threadfence();"]
+    types = [_type(r) for r in accs]
+    lines += _rescaled(a, accs, parts, "kiln_fp", f"*(volatile float*){slot('kiln_p', '0')}",
+                       f"*(volatile float*){slot('kiln_p', '1')}",
+                       lambda i, p: f"*(volatile {types[i]}*){slot(p, str(2 + i), types[i])}", "kiln_p")
+    lines += [f"for (int kiln_n = 0; kiln_n < {per_thread}; kiln_n++) {{",
+              f"  const int kiln_d = threadIdx.x + {WARPS * 32} * kiln_n;",
+              "  kiln_bacc[kiln_n] = 0.0f;",
+              f"  if (kiln_d < {width})",
+              f"    for (int kiln_p = 0; kiln_p < {parts}; kiln_p++)",
+              f"      kiln_bacc[kiln_n] += *(volatile float*){slot('kiln_p', f'{2 + guards} + kiln_d')} * kiln_fp[kiln_p];",
+              "}"]
+    return lines
+
+
+def _store(a: Attention, accs: dict) -> list[str]:
+    """The output row from the sums: (Σ E·v) / l, or the fill where the guard holds, rounded."""
+    kernel, width = a.kernel, _width(a)
+    per_thread = -(-width // (WARPS * 32))
+    lines = [f"for (int kiln_n = 0; kiln_n < {per_thread}; kiln_n++) {{",
+             f"  const int64_t {a.d} = threadIdx.x + {WARPS * 32} * kiln_n;",
+             f"  if ({a.d} < {width}) {{",
+             "    float kiln_out;"]
+    lines += ["    " + line for line in _output(a, accs, "kiln_bacc[kiln_n]", "kiln_l", "kiln_out")]
+    lines += [f"    {kernel.output.name}[{index_code(kernel.store)}] = {store_code('kiln_out', kernel.output.dtype)};",
+              "  }",
+              "}"]
+    return lines
