@@ -138,7 +138,9 @@ def _keys(a: Attention, accs: dict, q_steps: int, v_steps: int) -> list[str]:
              f"  kiln_acc[kiln_i] = kiln_acc[kiln_i] * kiln_rescale + "
              f"({a.d} < {_width(a)} ? kiln_e * {_load(a.v)} : 0.0f);",
              "}"]
-    return ([f"for (int64_t {KEY} = kiln_begin + kiln_warp; {KEY} < kiln_end; {KEY} += {WARPS}) {{"]
+    # unrolled: the next keys' loads do not wait for this key's softmax update
+    return (["#pragma unroll 4",
+             f"for (int64_t {KEY} = kiln_begin + kiln_warp; {KEY} < kiln_end; {KEY} += {WARPS}) {{"]
             + ["  " + line for line in step] + ["}"])
 
 
