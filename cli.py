@@ -31,7 +31,8 @@ def main() -> None:
 
     A PyTorch model is lowered to a small primitive IR whose meaning is defined by a numpy
     reference interpreter. MODEL arguments name a model: 'smollm2' (SmolLM2-135M-Instruct, real
-    weights, offline), 'minilm', 'llama-3.2-1b' (that shape, random weights), a local
+    weights, offline), 'minilm', 'llama-3.2-1b' (that shape, random weights), 'qwen3-moe-1b'
+    (Qwen3-MoE scaled to 1.16B parameters, 64 experts, 4 a token, random weights), a local
     transformers folder, or 'hf:<Architecture> key=value ...' (random weights from a config).
     """
     # torch.export's own pytree code trips a deprecation inside torch on every export: noise here

@@ -10,12 +10,18 @@ import torch
 
 from ..ir import KilnError
 
-# The Llama-3.2-1B shape with random weights (the GPU anchors in the design notes use it).
+# Shapes with random weights: Llama-3.2-1B (the GPU anchors in the design notes use it), a MoE.
 NAMED_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-3.2-1b": ("LlamaForCausalLM", dict(
         hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
         intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072,
         rope_theta=500000.0, tie_word_embeddings=True, head_dim=64)),
+    # Qwen3-30B-A3B's mixture of experts scaled to 1.16B parameters: 64 experts, 4 a token (its 1/16),
+    # 250M read a decode token (the chosen experts, attention, the output head)
+    "qwen3-moe-1b": ("Qwen3MoeForCausalLM", dict(
+        hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+        moe_intermediate_size=256, num_experts=64, num_experts_per_tok=4, vocab_size=151936,
+        tie_word_embeddings=False, max_position_embeddings=40960, rope_theta=1000000.0)),
 }
 
 

@@ -3,7 +3,7 @@
 # diagnostics of small lowered models, then the side-by-side bench on the lowered Llama-3.2-1B
 # (arguments go to `kiln bench gpu`). Logs under $OUT. The tuning database lives in build/ (kept
 # while the machine stays warm), so a second call re-measures nothing.
-#   STEPS="tests debug compile bench gemv attention ncu long smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
+#   STEPS="tests debug compile bench gemv attention ncu long moe smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
 #   tests), TEST_TIMEOUT (each test),
 #   DEBUG_TIMEOUT, BENCH_TIMEOUT, LONG_TIMEOUT, CLI_TIMEOUT in seconds. `long` times decode as the
 #   context grows, from its own empty database, on lowered/llama1b-4096 (`kiln lower llama-3.2-1b
@@ -68,6 +68,10 @@ if [[ $steps == *long* ]]; then
   timeout "${LONG_TIMEOUT:-420}" python3 -m kiln.cli bench gpu --lowered lowered/llama1b-4096 --max-seq 4096 \
     --db build/gpu-tune-4096.sqlite --json "$out/bench-4096.json" --no-torch-compile --tokens 32 \
     --at-position 64 --at-position 3900 "$@" 2>&1 | grep -v Warning | tee "$out/bench-4096.log" | tail -25
+fi
+if [[ $steps == *moe* ]]; then   # the 1B mixture of experts (lowered/qwen3moe: `kiln lower qwen3-moe-1b --max-seq 704 --dtype bfloat16`)
+  timeout "${MOE_TIMEOUT:-540}" python3 -m kiln.cli bench gpu qwen3-moe-1b --lowered lowered/qwen3moe \
+    --db build/gpu-tune-moe.sqlite --json "$out/bench-moe.json" "$@" 2>&1 | grep -v Warning | tee "$out/bench-moe.log" | tail -25
 fi
 smollm2_weights() {
   # SmolLM2's real weights: its gguf (98 MB) is more than one call carries, so it comes in parts

@@ -53,3 +53,27 @@ def test_chart_of_a_bench_cut_short_draws_what_it_measured(tmp_path, monkeypatch
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep_texts)
     _chart(result, str(tmp_path / "again.png"))
     assert "not measured" in texts and "bandwidth bound" in texts and "0" not in texts
+
+
+def test_the_bound_counts_the_bytes_a_decode_token_reads():
+    """A dense model whose head shares the embedding reads every weight a token; a mixture of
+    experts reads its chosen experts' share of the expert parameters and one row of an input
+    embedding its head does not share. Counted by hand on the named 1B MoE (on the meta device:
+    no memory) and on a tiny tied Llama."""
+    import torch
+    from kiln.bench.gpu import active_weight_bytes
+    from kiln.frontend.catalog import NAMED_CONFIGS, from_config
+    from tests.helpers import tiny_llama
+    dense = tiny_llama(1, tie_word_embeddings=True)
+    assert active_weight_bytes(dense) == sum(p.numel() * 4 for p in dense.parameters())
+    arch, config = NAMED_CONFIGS["qwen3-moe-1b"]
+    with torch.device("meta"):
+        moe = from_config(arch, config).to(torch.bfloat16)
+    hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+    experts = layers * config["num_experts"] * 3 * hidden * config["moe_intermediate_size"]
+    total = sum(p.numel() for p in moe.parameters())
+    assert 1.1e9 < total < 1.2e9 and experts == sum(p.numel() for n, p in moe.named_parameters() if "experts" in n)
+    # one embedding row, the chosen 4 of 64 experts, everything else
+    want = total - vocab * hidden + hidden - experts + experts * 4 // 64
+    assert active_weight_bytes(moe) == 2 * want
+    assert 2.4e8 < want < 2.6e8
