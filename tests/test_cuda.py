@@ -477,6 +477,56 @@ def test_decode_attention_compiles_with_nvcc_in_every_split(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed here")
+def test_decode_attention_splits_run_on_the_cpu_equal_the_interpreter(tmp_path):
+    """Without a GPU: decode's fused attention kernel, as generated for CUDA, compiled by g++
+    against tests/cuda_on_cpu.py's shim (threads, barriers and shuffles emulated, blocks in
+    turn), each split launched twice at three cache positions, against the interpreter's value
+    of the node it holds. The same source the GPU runs; what the shim cannot show (memory
+    ordering across blocks, speed) the GPU test below does."""
+    from kiln.codegen.attention import as_attention
+    from kiln.codegen.c_emit import STORAGE
+    from kiln.codegen.cuda_attention import attention_space
+    from kiln.codegen.cuda_decode_attention import WARPS, emit_cuda_decode_attention, points, split_scratch
+    from kiln.ir import evaluate
+    from kiln.ir.compare import mismatch, tolerance
+    from tests.cuda_on_cpu import build, launch
+    graph, program, fused = _decode_attention_kernels()[1]
+    kernel = fused[0]
+    a = as_attention(kernel)
+    rtol = tolerance([np.dtype(DType.BF16.np)])
+    libraries = {}
+    for position in (0, 11, 150):
+        rng = np.random.default_rng(position)
+        args = decode_args(graph, np.array([[7]]), position, [
+            (rng.standard_normal(tuple(d.value for d in n.shape)) * 0.5).astype(n.dtype.np)
+            for n in graph.inputs[CACHES_START:]])
+        feeds = {**dict(zip(graph.inputs, args)), **{n: graph.weights[n.attrs["name"]] for n in graph.weight_nodes()}}
+        env = graph.bind_symbols([np.shape(x) for x in args], [np.asarray(x).dtype for x in args])
+        names = [b.name for b in kernel.inputs]
+        values = evaluate([program.nodes[n] for n in [kernel.output.name, *names]], feeds, env)
+        want, inputs = values[0], [np.ascontiguousarray(v).reshape(-1) for v in values[1:]]
+        inputs = [v.view(np.uint16) if b.dtype in (DType.BF16, DType.F16) else v for b, v in zip(kernel.inputs, inputs)]
+        symbols = np.array([env[s] for s in kernel.symbols], np.int64)
+        for config in attention_space(kernel):
+            if config not in libraries:
+                source = emit_cuda_decode_attention(a, config, f"k_split{config.split}")
+                types = ([f"{STORAGE[b.dtype]}*" for b in (*kernel.outputs, *kernel.inputs)] + ["const int64_t*"]
+                         + (["unsigned char*", "unsigned int*"] if config.split > 1 else []))
+                libraries[config] = build(source, f"k_split{config.split}", types, tmp_path)
+            scratch_bytes, counters = split_scratch(a, config)
+            scratch, arrivals = np.zeros(max(scratch_bytes, 8), np.uint8), np.zeros(max(counters, 1), np.uint32)
+            for _ in range(2):       # the counters are left ready for the next launch
+                out = np.full(want.size, np.nan, kernel.output.dtype.np)     # a kernel must write
+                extra = [scratch, arrivals] if config.split > 1 else []
+                stored = out.view(np.uint16) if kernel.output.dtype in (DType.BF16, DType.F16) else out
+                launch(libraries[config], [stored, *inputs, symbols, *extra], points(a) * config.split, WARPS * 32)
+                got = out.astype(np.float32).reshape(want.shape)
+                problem = mismatch(got, np.asarray(want, np.float32), rtol)
+                assert not problem, f"position {position} [{config.key()}]: {problem}"
+                assert not arrivals.any()
+
+
 @pytest.mark.parametrize("position", [0, 11, 150])
 @needs_gpu
 def test_decode_attention_of_each_split_equals_the_interpreter(position):

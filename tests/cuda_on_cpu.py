@@ -1,0 +1,95 @@
+"""A generated CUDA kernel run on the CPU, for the logic a machine without a GPU can still check:
+g++ compiles the kernel's source against a small shim (a block's threads as std::threads, a
+block barrier and a barrier per warp for __syncthreads and the shuffles, blocks one after
+another, so that `__shared__` storage can be static), and `launch` runs a grid. Memory ordering,
+timing and anything the shim leaves out (f16's PTX, vector loads) are not covered: the GPU tests
+are."""
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from kiln.codegen.c_emit import SHARED_HELPERS
+
+SHIM = r"""
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+#include <atomic>
+#include <barrier>
+#include <thread>
+#include <vector>
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(n)
+#define __restrict__ __restrict
+#define __shared__ static
+struct kiln_dim { unsigned x, y, z; };
+static thread_local kiln_dim threadIdx, blockIdx;
+static kiln_dim gridDim, blockDim;
+static std::barrier<>* kiln_block_barrier;
+static std::vector<std::barrier<>*> kiln_warp_barriers;
+static float kiln_exchange[1024];
+static inline float __int_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline void __syncthreads() { kiln_block_barrier->arrive_and_wait(); }
+static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline float __shfl_xor_sync(unsigned, float v, int offset) {
+  std::barrier<>* warp = kiln_warp_barriers[threadIdx.x / 32];
+  kiln_exchange[threadIdx.x] = v;
+  warp->arrive_and_wait();
+  float other = kiln_exchange[(threadIdx.x & ~31u) | ((threadIdx.x & 31u) ^ (unsigned)offset)];
+  warp->arrive_and_wait();
+  return other;
+}
+static inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline float kiln_bf16_load(uint16_t h) { return __int_as_float(((unsigned)h) << 16); }
+static inline uint16_t kiln_bf16_store(float f) {
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float kiln_bf16_round(float f) { return kiln_bf16_load(kiln_bf16_store(f)); }
+static inline bool kiln_f2bool(float f) { return (__float_as_uint(f) << 1) != 0; }
+""" + SHARED_HELPERS.replace("KILN_FN", "static inline")
+
+
+def build(source: str, name: str, params: list[str], folder: Path):
+    """The kernel `name` (its parameters' C types, in order) in a library whose `kiln_launch`
+    runs a grid of blocks, each of `threads` threads, one block after another."""
+    args = ", ".join(f"({t})a[{i}]" for i, t in enumerate(params))
+    launcher = f"""
+extern "C" void kiln_launch(void** a, unsigned grid, unsigned threads) {{
+  gridDim = {{grid, 1, 1}}; blockDim = {{threads, 1, 1}};
+  for (unsigned b = 0; b < grid; b++) {{
+    std::barrier<> block(threads);
+    kiln_block_barrier = &block;
+    std::vector<std::barrier<>*> warps;
+    for (unsigned w = 0; w < (threads + 31) / 32; w++) warps.push_back(new std::barrier<>(32));
+    kiln_warp_barriers = warps;
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; t++)
+      pool.emplace_back([=] {{ threadIdx = {{t, 0, 0}}; blockIdx = {{b, 0, 0}}; {name}({args}); }});
+    for (auto& th : pool) th.join();
+    for (auto* w : warps) delete w;
+  }}
+}}
+"""
+    unit = folder / f"{name}.cpp"
+    unit.write_text(SHIM + source.replace('extern "C" ', "") + launcher)
+    lib = folder / f"{name}.so"
+    result = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", str(unit), "-o", str(lib)],
+                            capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(result.stderr[-3000:])
+    return ctypes.CDLL(str(lib))
+
+
+def launch(lib, arrays: list[np.ndarray], grid: int, threads: int) -> None:
+    pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+    lib.kiln_launch(pointers, ctypes.c_uint(grid), ctypes.c_uint(threads))
