@@ -1,6 +1,6 @@
 """Fused attention with one query a batch point (decode; codegen/attention.py has the algebra),
 flash-decoding's way: the keys of each point (a query head) are split among `split` blocks, each
-block's 4 warps take every fourth key of its part, one key at a time across the warp's lanes (a
+block's 4 warps take every fourth run of 8 keys of its part, each key across the warp's lanes (a
 lane holds every 32nd element of the query and of the output row), keeping an online softmax.
 The warps' running maxima, sums and output rows combine through shared memory, rescaled to the
 block's maximum; with a split each block writes that partial to scratch memory, and the last of
@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..ir.dtypes import DType
-from .attention import (DEPTH, KEY, SCORE, Attention, _load, _online_update, _output, guard_body,
+from .attention import (DEPTH, KEY, SCORE, Attention, _load, _output, guard_body,
                         guard_start, guard_update, snippet)
 from .c_emit import STORAGE, index_code, literal, reduction_accumulator, store_code
 
 WARPS = 4
+BATCH = 8               # the keys a warp scores before it updates its softmax
 PARTIAL_BYTES = 8       # one scratch slot: a running maximum, sum, guard or output element
 
 
@@ -114,33 +115,63 @@ def emit_cuda_decode_attention(a: Attention, config: DecodeAttentionConfig, name
 
 
 def _keys(a: Attention, accs: dict, q_steps: int, v_steps: int) -> list[str]:
-    """Each warp's keys, one at a time: the score across the lanes, the logit and guards (the
-    same in every lane), the online update of the lane's output elements."""
-    depth, known = a.depth, {a.score: SCORE}
-    step = [f"float {SCORE} = 0.0f, kiln_x, kiln_e;",
+    """Each warp's keys, BATCH at a time (every load of a batch issued before any is used: one
+    memory latency a batch, not one a key): the batch's scores across the lanes, their logits
+    and guards (the same in every lane), then one online update for the batch (its maximum, the
+    running sums rescaled once) and the lane's output elements."""
+    depth, width, known = a.depth, _width(a), {a.score: SCORE}
+    exponent = literal(a.exponent, DType.F32)
+    logit = [f"float {SCORE} = kiln_xb[kiln_t] * {literal(a.q.scale * a.k.scale, DType.F32)}, kiln_x;"]
+    for r, acc in accs.items():
+        logit.append(f"{_type(r)} kiln_gv;")
+        logit += snippet(guard_body(a, r), known, "kiln_gv")
+        logit.append(guard_update(r, acc, "kiln_gv"))
+    logit += snippet(a.logit, known, "kiln_x")
+    logit.append("kiln_xb[kiln_t] = kiln_x;")
+    step = [f"float kiln_xb[{BATCH}];",
             "#pragma unroll",
-            f"for (int kiln_i = 0; kiln_i < {q_steps}; kiln_i++) {{",
-            f"  const int64_t {DEPTH} = kiln_lane + 32 * kiln_i;",
-            f"  if ({DEPTH} < {depth}) {SCORE} += kiln_q[kiln_i] * {_load(a.k.load)};",
+            f"for (int kiln_t = 0; kiln_t < {BATCH}; kiln_t++) {{",
+            f"  const int64_t {KEY} = kiln_j0 + kiln_t;",
+            "  kiln_xb[kiln_t] = 0.0f;",
+            "  #pragma unroll",
+            f"  for (int kiln_i = 0; kiln_i < {q_steps}; kiln_i++) {{",
+            f"    const int64_t {DEPTH} = kiln_lane + 32 * kiln_i;",
+            f"    if ({KEY} < kiln_end && {DEPTH} < {depth}) kiln_xb[kiln_t] += kiln_q[kiln_i] * {_load(a.k.load)};",
+            "  }",
             "}",
             "#pragma unroll",
-            f"for (int kiln_o = 16; kiln_o >= 1; kiln_o >>= 1) {SCORE} += __shfl_xor_sync(0xffffffffu, {SCORE}, kiln_o);",
-            f"{SCORE} *= {literal(a.q.scale * a.k.scale, DType.F32)};"]
-    for r, acc in accs.items():
-        step.append(f"{_type(r)} kiln_gv;")
-        step += snippet(guard_body(a, r), known, "kiln_gv")
-        step.append(guard_update(r, acc, "kiln_gv"))
-    step += snippet(a.logit, known, "kiln_x")
-    step += _online_update(a, "kiln_x", "kiln_m", "kiln_l", "kiln_e", "kiln_rescale")
-    step += ["#pragma unroll",
-             f"for (int kiln_i = 0; kiln_i < {v_steps}; kiln_i++) {{",
-             f"  const int64_t {a.d} = kiln_lane + 32 * kiln_i;",
-             f"  kiln_acc[kiln_i] = kiln_acc[kiln_i] * kiln_rescale + "
-             f"({a.d} < {_width(a)} ? kiln_e * {_load(a.v)} : 0.0f);",
-             "}"]
-    # unrolled: the next keys' loads do not wait for this key's softmax update
-    return (["#pragma unroll 4",
-             f"for (int64_t {KEY} = kiln_begin + kiln_warp; {KEY} < kiln_end; {KEY} += {WARPS}) {{"]
+            "for (int kiln_o = 16; kiln_o >= 1; kiln_o >>= 1)",
+            "  #pragma unroll",
+            f"  for (int kiln_t = 0; kiln_t < {BATCH}; kiln_t++) kiln_xb[kiln_t] += __shfl_xor_sync(0xffffffffu, kiln_xb[kiln_t], kiln_o);",
+            "float kiln_bm = -INFINITY;",
+            "#pragma unroll",
+            f"for (int kiln_t = 0; kiln_t < {BATCH}; kiln_t++) {{",
+            f"  const int64_t {KEY} = kiln_j0 + kiln_t;",
+            f"  if ({KEY} < kiln_end) {{",
+            *("    " + line for line in logit),
+            "  } else kiln_xb[kiln_t] = -INFINITY;",
+            "  kiln_bm = kiln_xb[kiln_t] > kiln_bm ? kiln_xb[kiln_t] : kiln_bm;",
+            "}",
+            "const float kiln_mn = kiln_bm > kiln_m ? kiln_bm : kiln_m;",
+            "const float kiln_ms = kiln_mn == -INFINITY ? 0.0f : kiln_mn;",
+            f"const float kiln_rescale = exp2f((kiln_m - kiln_ms) * {exponent});",
+            "kiln_m = kiln_mn;",
+            "kiln_l *= kiln_rescale;",
+            "#pragma unroll",
+            f"for (int kiln_i = 0; kiln_i < {v_steps}; kiln_i++) kiln_acc[kiln_i] *= kiln_rescale;",
+            "#pragma unroll",
+            f"for (int kiln_t = 0; kiln_t < {BATCH}; kiln_t++) {{",
+            f"  const int64_t {KEY} = kiln_j0 + kiln_t;",
+            f"  const float kiln_e = exp2f((kiln_xb[kiln_t] - kiln_ms) * {exponent});",
+            "  kiln_l += kiln_e;",
+            "  #pragma unroll",
+            f"  for (int kiln_i = 0; kiln_i < {v_steps}; kiln_i++) {{",
+            f"    const int64_t {a.d} = kiln_lane + 32 * kiln_i;",
+            f"    if ({KEY} < kiln_end && {a.d} < {width}) kiln_acc[kiln_i] += kiln_e * {_load(a.v)};",
+            "  }",
+            "}"]
+    return ([f"for (int64_t kiln_j0 = kiln_begin + {BATCH} * kiln_warp; kiln_j0 < kiln_end; "
+             f"kiln_j0 += {BATCH * WARPS}) {{"]
             + ["  " + line for line in step] + ["}"])
 
 

@@ -141,11 +141,12 @@ class _RegionSearch:
         self.measurer = Measurer(backend, db, fingerprint, self.region)
         self.label = rep.label if len(group) == 1 else f"{rep.label} (x{len(group)})"
         # every policy is tried while the budget lasts, in an order that puts the likely winners
-        # first: in decode (GEMVs, bound by launches and bytes) the fused ones, fewest kernels
-        # first; in prefill (GEMMs a library call takes whole, rows a prompt's length) the plain
-        # ones, fused attention first, then those running softmax and the norms a row at a time
+        # first: fused attention (one pass over the cache, in decode as in prefill), then in decode
+        # (GEMVs, bound by launches and bytes) the fused ones, fewest kernels first; in prefill
+        # (GEMMs a library call takes whole, rows a prompt's length) the plain ones, then those
+        # running softmax and the norms a row at a time
         gemv = not self.region.fixed
-        variants = sorted(POLICIES, key=lambda v: (POLICIES[v].attention == gemv, POLICIES[v].merges != gemv,
+        variants = sorted(POLICIES, key=lambda v: (not POLICIES[v].attention, POLICIES[v].merges != gemv,
                                                    POLICIES[v].rows == gemv, POLICIES[v].epilogues != gemv))
         self.deadline = Deadline(0.0)
         self.tuner = RegionTuner(key, self.label, rep.outputs, None, variants,
