@@ -19,6 +19,7 @@ from .c_emit import STORAGE, index_code, literal, reduction_accumulator, store_c
 
 WARPS = 4
 BATCH = 8               # the keys a warp scores before it updates its softmax
+_CLAMPED = "kiln_j0 + kiln_t < kiln_end ? kiln_j0 + kiln_t : kiln_end - 1"    # a batch's key
 PARTIAL_BYTES = 8       # one scratch slot: a running maximum, sum, guard or output element
 
 
@@ -118,25 +119,27 @@ def _keys(a: Attention, accs: dict, q_steps: int, v_steps: int) -> list[str]:
     """Each warp's keys, BATCH at a time (every load of a batch issued before any is used: one
     memory latency a batch, not one a key): the batch's scores across the lanes, their logits
     and guards (the same in every lane), then one online update for the batch (its maximum, the
-    running sums rescaled once) and the lane's output elements."""
+    running sums rescaled once) and the lane's output elements. Without branches, so that the
+    compiler may hoist every load: a key past the part's end reads the last one's, and its
+    logit (-inf), guard and value are selected away."""
     depth, width, known = a.depth, _width(a), {a.score: SCORE}
     exponent = literal(a.exponent, DType.F32)
     logit = [f"float {SCORE} = kiln_xb[kiln_t] * {literal(a.q.scale * a.k.scale, DType.F32)}, kiln_x;"]
     for r, acc in accs.items():
         logit.append(f"{_type(r)} kiln_gv;")
         logit += snippet(guard_body(a, r), known, "kiln_gv")
-        logit.append(guard_update(r, acc, "kiln_gv"))
+        logit.append(f"if (kiln_in) {guard_update(r, acc, 'kiln_gv')}")
     logit += snippet(a.logit, known, "kiln_x")
-    logit.append("kiln_xb[kiln_t] = kiln_x;")
+    logit.append("kiln_xb[kiln_t] = kiln_in ? kiln_x : -INFINITY;")
     step = [f"float kiln_xb[{BATCH}];",
             "#pragma unroll",
             f"for (int kiln_t = 0; kiln_t < {BATCH}; kiln_t++) {{",
-            f"  const int64_t {KEY} = kiln_j0 + kiln_t;",
+            f"  const int64_t {KEY} = {_CLAMPED};",
             "  kiln_xb[kiln_t] = 0.0f;",
             "  #pragma unroll",
             f"  for (int kiln_i = 0; kiln_i < {q_steps}; kiln_i++) {{",
             f"    const int64_t {DEPTH} = kiln_lane + 32 * kiln_i;",
-            f"    if ({KEY} < kiln_end && {DEPTH} < {depth}) kiln_xb[kiln_t] += kiln_q[kiln_i] * {_load(a.k.load)};",
+            f"    if ({DEPTH} < {depth}) kiln_xb[kiln_t] += kiln_q[kiln_i] * {_load(a.k.load)};",
             "  }",
             "}",
             "#pragma unroll",
@@ -146,10 +149,9 @@ def _keys(a: Attention, accs: dict, q_steps: int, v_steps: int) -> list[str]:
             "float kiln_bm = -INFINITY;",
             "#pragma unroll",
             f"for (int kiln_t = 0; kiln_t < {BATCH}; kiln_t++) {{",
-            f"  const int64_t {KEY} = kiln_j0 + kiln_t;",
-            f"  if ({KEY} < kiln_end) {{",
-            *("    " + line for line in logit),
-            "  } else kiln_xb[kiln_t] = -INFINITY;",
+            f"  const int64_t {KEY} = {_CLAMPED};",
+            "  const bool kiln_in = kiln_j0 + kiln_t < kiln_end;",
+            *("  " + line for line in logit),
             "  kiln_bm = kiln_xb[kiln_t] > kiln_bm ? kiln_xb[kiln_t] : kiln_bm;",
             "}",
             "const float kiln_mn = kiln_bm > kiln_m ? kiln_bm : kiln_m;",
@@ -161,13 +163,14 @@ def _keys(a: Attention, accs: dict, q_steps: int, v_steps: int) -> list[str]:
             f"for (int kiln_i = 0; kiln_i < {v_steps}; kiln_i++) kiln_acc[kiln_i] *= kiln_rescale;",
             "#pragma unroll",
             f"for (int kiln_t = 0; kiln_t < {BATCH}; kiln_t++) {{",
-            f"  const int64_t {KEY} = kiln_j0 + kiln_t;",
+            f"  const int64_t {KEY} = {_CLAMPED};",
+            "  const bool kiln_in = kiln_j0 + kiln_t < kiln_end;",
             f"  const float kiln_e = exp2f((kiln_xb[kiln_t] - kiln_ms) * {exponent});",
             "  kiln_l += kiln_e;",
             "  #pragma unroll",
             f"  for (int kiln_i = 0; kiln_i < {v_steps}; kiln_i++) {{",
             f"    const int64_t {a.d} = kiln_lane + 32 * kiln_i;",
-            f"    if ({KEY} < kiln_end && {a.d} < {width}) kiln_acc[kiln_i] += kiln_e * {_load(a.v)};",
+            f"    if ({a.d} < {width}) kiln_acc[kiln_i] += kiln_in ? kiln_e * {_load(a.v)} : 0.0f;",
             "  }",
             "}"]
     return ([f"for (int64_t kiln_j0 = kiln_begin + {BATCH} * kiln_warp; kiln_j0 < kiln_end; "
@@ -237,15 +240,19 @@ def _rescaled(a: Attention, accs: dict, count: int, factors: str, maximum: str, 
 
 
 def _combine_parts(a: Attention, accs: dict, parts: int) -> list[str]:
-    """Each block's partial to scratch; the last block of the point to arrive combines them."""
+    """Each block's partial to scratch; the last block of the point to arrive combines them: the
+    parts' maxima, sums and guards staged in shared memory a part a thread, then each output
+    element's parts read together (reads through L2, where the other blocks' writes are; all in
+    flight at once, not one round trip a part)."""
     width, slots, guards = _width(a), _slots(a), len(accs)
     per_thread = -(-width // (WARPS * 32))
+    types = [_type(r) for r in accs]
 
     def slot(part: str, k: str, kind: str = "float") -> str:
         return f"(({kind}*)(kiln_scratch + {PARTIAL_BYTES} * ((kiln_point * {parts} + {part}) * {slots} + {k})))"
     lines = ["if (threadIdx.x == 0) {",
              f"  *{slot('kiln_part', '0')} = kiln_m; *{slot('kiln_part', '1')} = kiln_l;"]
-    lines += [f"  *{slot('kiln_part', str(2 + i), _type(r))} = {acc};" for i, (r, acc) in enumerate(accs.items())]
+    lines += [f"  *{slot('kiln_part', str(2 + i), t)} = {acc};" for i, (t, acc) in enumerate(zip(types, accs.values()))]
     lines += ["}",
               f"for (int kiln_n = 0; kiln_n < {per_thread}; kiln_n++) {{",
               f"  const int kiln_d = threadIdx.x + {WARPS * 32} * kiln_n;",
@@ -260,19 +267,36 @@ def _combine_parts(a: Attention, accs: dict, parts: int) -> list[str]:
               "}",
               "__syncthreads();",
               "if (!kiln_last) return;",
-              "__threadfence();"]
-    types = [_type(r) for r in accs]
-    lines += _rescaled(a, accs, parts, "kiln_fp", f"*(volatile float*){slot('kiln_p', '0')}",
-                       f"*(volatile float*){slot('kiln_p', '1')}",
-                       lambda i, p: f"*(volatile {types[i]}*){slot(p, str(2 + i), types[i])}", "kiln_p")
+              "__threadfence();",
+              f"__shared__ float kiln_pmax[{parts}], kiln_psum[{parts}];"]
+    lines += [f"__shared__ {t} kiln_pguard{i}[{parts}];" for i, t in enumerate(types)]
+    lines += [f"for (int kiln_p = threadIdx.x; kiln_p < {parts}; kiln_p += {WARPS * 32}) {{",
+              f"  kiln_pmax[kiln_p] = {_through_l2('float', slot('kiln_p', '0'))};",
+              f"  kiln_psum[kiln_p] = {_through_l2('float', slot('kiln_p', '1'))};"]
+    lines += [f"  kiln_pguard{i}[kiln_p] = {_through_l2(t, slot('kiln_p', str(2 + i), t))};" for i, t in enumerate(types)]
+    lines += ["}", "__syncthreads();"]
+    lines += _rescaled(a, accs, parts, "kiln_fp", "kiln_pmax[kiln_p]", "kiln_psum[kiln_p]",
+                       lambda i, p: f"kiln_pguard{i}[{p}]", "kiln_p")
     lines += [f"for (int kiln_n = 0; kiln_n < {per_thread}; kiln_n++) {{",
               f"  const int kiln_d = threadIdx.x + {WARPS * 32} * kiln_n;",
               "  kiln_bacc[kiln_n] = 0.0f;",
-              f"  if (kiln_d < {width})",
+              f"  if (kiln_d < {width}) {{",
+              "    #pragma unroll",
               f"    for (int kiln_p = 0; kiln_p < {parts}; kiln_p++)",
-              f"      kiln_bacc[kiln_n] += *(volatile float*){slot('kiln_p', f'{2 + guards} + kiln_d')} * kiln_fp[kiln_p];",
+              f"      kiln_bacc[kiln_n] += {_through_l2('float', slot('kiln_p', f'{2 + guards} + kiln_d'))} * kiln_fp[kiln_p];",
+              "  }",
               "}"]
     return lines
+
+
+def _through_l2(kind: str, pointer: str) -> str:
+    """A load that skips the block's L1 (which may hold a line from before another block wrote
+    it): __ldcg, bools read as bytes."""
+    if kind == "bool":
+        return f"(__ldcg((const unsigned char*){pointer}) != 0)"
+    if kind == "int64_t":
+        return f"(int64_t)__ldcg((const long long*){pointer})"
+    return f"__ldcg((const {kind}*){pointer})"
 
 
 def _store(a: Attention, accs: dict) -> list[str]:

@@ -48,6 +48,7 @@ static inline float __shfl_xor_sync(unsigned, float v, int offset) {
   return other;
 }
 static inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+template <typename T> static inline T __ldcg(const T* p) { T v; __atomic_load(p, &v, __ATOMIC_SEQ_CST); return v; }
 static inline float kiln_bf16_load(uint16_t h) { return __int_as_float(((unsigned)h) << 16); }
 static inline uint16_t kiln_bf16_store(float f) {
   unsigned u = __float_as_uint(f);
