@@ -212,25 +212,32 @@ def _combine_warps(a: Attention, accs: dict, v_steps: int) -> list[str]:
 
 
 def _rescaled(a: Attention, accs: dict, count: int, factors: str, maximum: str, total: str,
-              guard: Callable[[int, str], str], index: str) -> list[str]:
+              guard: Callable[[int, str], str], index: str, shared: bool = False) -> list[str]:
     """kiln_m, kiln_l and the guard accumulators over `count` partials (`maximum` and `total` read
     partial `index`, `guard(i, which)` guard i of partial `which`), and `factors`[index]: the
-    factor a partial's sums take to the common maximum."""
+    factor a partial's sums take to the common maximum; `shared`: the factors in shared memory,
+    a partial a thread (many parts), else in every thread's registers (the warps)."""
     exponent = literal(a.exponent, DType.F32)
-    lines = [f"float {factors}[{count}];",
+    threads = WARPS * 32
+    first, step = ("threadIdx.x", threads) if shared else ("0", 1)
+    lines = [f"{'__shared__ ' if shared else ''}float {factors}[{count}];",
              "kiln_m = -INFINITY;",
+             "#pragma unroll",
              f"for (int {index} = 0; {index} < {count}; {index}++) {{",
              f"  const float kiln_pm = {maximum};",
              "  kiln_m = kiln_pm > kiln_m ? kiln_pm : kiln_m;",
              "}",
-             "kiln_l = 0.0f;",
              "{",
              "  const float kiln_top = kiln_m == -INFINITY ? 0.0f : kiln_m;",
-             f"  for (int {index} = 0; {index} < {count}; {index}++) {{",
+             "  #pragma unroll",
+             f"  for (int {index} = {first}; {index} < {count}; {index} += {step})",
              f"    {factors}[{index}] = exp2f(({maximum} - kiln_top) * {exponent});",
-             f"    kiln_l += {total} * {factors}[{index}];",
-             "  }",
              "}"]
+    if shared:
+        lines.append("__syncthreads();")
+    lines += ["kiln_l = 0.0f;",
+              "#pragma unroll",
+              f"for (int {index} = 0; {index} < {count}; {index}++) kiln_l += {total} * {factors}[{index}];"]
     for i, (r, acc) in enumerate(accs.items()):
         combine = reduction_accumulator(r)[2]
         lines.append(f"{acc} = {guard(i, '0')};")
@@ -276,7 +283,7 @@ def _combine_parts(a: Attention, accs: dict, parts: int) -> list[str]:
     lines += [f"  kiln_pguard{i}[kiln_p] = {_through_l2(t, slot('kiln_p', str(2 + i), t))};" for i, t in enumerate(types)]
     lines += ["}", "__syncthreads();"]
     lines += _rescaled(a, accs, parts, "kiln_fp", "kiln_pmax[kiln_p]", "kiln_psum[kiln_p]",
-                       lambda i, p: f"kiln_pguard{i}[{p}]", "kiln_p")
+                       lambda i, p: f"kiln_pguard{i}[{p}]", "kiln_p", shared=True)
     lines += [f"for (int kiln_n = 0; kiln_n < {per_thread}; kiln_n++) {{",
               f"  const int kiln_d = threadIdx.x + {WARPS * 32} * kiln_n;",
               "  kiln_bacc[kiln_n] = 0.0f;",
