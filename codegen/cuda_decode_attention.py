@@ -1,7 +1,8 @@
 """Fused attention with one query a batch point (decode; codegen/attention.py has the algebra),
 flash-decoding's way: the keys of each point (a query head) are split among `split` blocks, each
-block's 4 warps take every fourth run of 8 keys of its part, each key across the warp's lanes (a
-lane holds every 32nd element of the query and of the output row), keeping an online softmax.
+block's 4 warps take every fourth run of 32 keys of its part, a key a lane for the scores and
+softmax, then the run's keys in turn for the output row (a lane holds every 32nd element of it),
+keeping an online softmax.
 The warps' running maxima, sums and output rows combine through shared memory, rescaled to the
 block's maximum; with a split each block writes that partial to scratch memory, and the last of
 a point's blocks to arrive (an atomic counter it resets for the next launch) combines the parts
@@ -13,13 +14,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..ir.dtypes import DType
+from ..ir.symbolic import Expr
 from .attention import (DEPTH, KEY, SCORE, Attention, _load, _output, guard_body,
                         guard_start, guard_update, snippet)
 from .c_emit import STORAGE, index_code, literal, reduction_accumulator, store_code
+from .index import substitute
 
 WARPS = 4
-BATCH = 8               # the keys a warp scores before it updates its softmax
-_CLAMPED = "kiln_j0 + kiln_t < kiln_end ? kiln_j0 + kiln_t : kiln_end - 1"    # a batch's key
 PARTIAL_BYTES = 8       # one scratch slot: a running maximum, sum, guard or output element
 
 
@@ -92,20 +93,19 @@ def emit_cuda_decode_attention(a: Attention, config: DecodeAttentionConfig, name
              f"const int64_t kiln_chunk = (kiln_nk + {parts - 1}) / {parts};",
              "const int64_t kiln_begin = kiln_part * kiln_chunk;",
              "const int64_t kiln_end = kiln_begin + kiln_chunk < kiln_nk ? kiln_begin + kiln_chunk : kiln_nk;"]
-    q_steps, v_steps = -(-depth // 32), -(-width // 32)
-    body += [f"float kiln_q[{q_steps}], kiln_acc[{v_steps}], kiln_m = -INFINITY, kiln_l = 0.0f;",
-             "#pragma unroll",
-             f"for (int kiln_i = 0; kiln_i < {q_steps}; kiln_i++) {{",
-             f"  const int64_t {DEPTH} = kiln_lane + 32 * kiln_i;",
-             f"  kiln_q[kiln_i] = {DEPTH} < {depth} ? {_load(a.q.load)} : 0.0f;",
-             "}",
+    v_steps = -(-width // 32)
+    body += [f"__shared__ float kiln_qs[{depth}];",
+             f"for (int64_t {DEPTH} = threadIdx.x; {DEPTH} < {depth}; {DEPTH} += {WARPS * 32}) "
+             f"kiln_qs[{DEPTH}] = {_load(a.q.load)};",
+             "__syncthreads();",
+             f"float kiln_acc[{v_steps}], kiln_m = -INFINITY, kiln_l = 0.0f;",
              "#pragma unroll",
              f"for (int kiln_i = 0; kiln_i < {v_steps}; kiln_i++) kiln_acc[kiln_i] = 0.0f;"]
     accs = {r: f"kiln_g{i}" for i, r in enumerate(a.guards)}
     for r, acc in accs.items():
         acc_type, start = guard_start(r)
         body.append(f"{acc_type} {acc} = {start};")
-    body += _keys(a, accs, q_steps, v_steps)
+    body += _keys(a, accs, v_steps)
     body += _combine_warps(a, accs, v_steps)
     if parts > 1:
         body += _combine_parts(a, accs, parts)
@@ -115,67 +115,88 @@ def emit_cuda_decode_attention(a: Attention, config: DecodeAttentionConfig, name
     return "\n".join(out) + "\n"
 
 
-def _keys(a: Attention, accs: dict, q_steps: int, v_steps: int) -> list[str]:
-    """Each warp's keys, BATCH at a time (every load of a batch issued before any is used: one
-    memory latency a batch, not one a key): the batch's scores across the lanes, their logits
-    and guards (the same in every lane), then one online update for the batch (its maximum, the
-    running sums rescaled once) and the lane's output elements. Without branches, so that the
-    compiler may hoist every load: a key past the part's end reads the last one's, and its
-    logit (-inf), guard and value are selected away."""
-    depth, width, known = a.depth, _width(a), {a.score: SCORE}
+def _keys(a: Attention, accs: dict, v_steps: int) -> list[str]:
+    """Each warp's keys, 32 at a time, a key a lane: the lane's score (the whole dot product, 16
+    bytes a load where the key's row is aligned), logit and guards, so that the per-key work is
+    done once, not in every lane; the chunk's maximum and sum across the lanes and one online
+    update; then the lane's output elements over the chunk's keys, each key's weight broadcast
+    from its lane. Without branches, so that the compiler may hoist every load: a key past the
+    part's end reads the last one's, and its logit (-inf), guards and value are selected away."""
+    width, known = _width(a), {a.score: SCORE}
     exponent = literal(a.exponent, DType.F32)
-    logit = [f"float {SCORE} = kiln_xb[kiln_t] * {literal(a.q.scale * a.k.scale, DType.F32)}, kiln_x;"]
+    step = [f"const int64_t {KEY} = kiln_j0 + kiln_lane < kiln_end ? kiln_j0 + kiln_lane : kiln_end - 1;",
+            "const bool kiln_in = kiln_j0 + kiln_lane < kiln_end;",
+            *_score(a),
+            f"{SCORE} *= {literal(a.q.scale * a.k.scale, DType.F32)};"]
     for r, acc in accs.items():
-        logit.append(f"{_type(r)} kiln_gv;")
-        logit += snippet(guard_body(a, r), known, "kiln_gv")
-        logit.append(f"if (kiln_in) {guard_update(r, acc, 'kiln_gv')}")
-    logit += snippet(a.logit, known, "kiln_x")
-    logit.append("kiln_xb[kiln_t] = kiln_in ? kiln_x : -INFINITY;")
-    step = [f"float kiln_xb[{BATCH}];",
-            "#pragma unroll",
-            f"for (int kiln_t = 0; kiln_t < {BATCH}; kiln_t++) {{",
-            f"  const int64_t {KEY} = {_CLAMPED};",
-            "  kiln_xb[kiln_t] = 0.0f;",
-            "  #pragma unroll",
-            f"  for (int kiln_i = 0; kiln_i < {q_steps}; kiln_i++) {{",
-            f"    const int64_t {DEPTH} = kiln_lane + 32 * kiln_i;",
-            f"    if ({DEPTH} < {depth}) kiln_xb[kiln_t] += kiln_q[kiln_i] * {_load(a.k.load)};",
-            "  }",
-            "}",
-            "#pragma unroll",
-            "for (int kiln_o = 16; kiln_o >= 1; kiln_o >>= 1)",
-            "  #pragma unroll",
-            f"  for (int kiln_t = 0; kiln_t < {BATCH}; kiln_t++) kiln_xb[kiln_t] += __shfl_xor_sync(0xffffffffu, kiln_xb[kiln_t], kiln_o);",
-            "float kiln_bm = -INFINITY;",
-            "#pragma unroll",
-            f"for (int kiln_t = 0; kiln_t < {BATCH}; kiln_t++) {{",
-            f"  const int64_t {KEY} = {_CLAMPED};",
-            "  const bool kiln_in = kiln_j0 + kiln_t < kiln_end;",
-            *("  " + line for line in logit),
-            "  kiln_bm = kiln_xb[kiln_t] > kiln_bm ? kiln_xb[kiln_t] : kiln_bm;",
-            "}",
-            "const float kiln_mn = kiln_bm > kiln_m ? kiln_bm : kiln_m;",
-            "const float kiln_ms = kiln_mn == -INFINITY ? 0.0f : kiln_mn;",
-            f"const float kiln_rescale = exp2f((kiln_m - kiln_ms) * {exponent});",
-            "kiln_m = kiln_mn;",
-            "kiln_l *= kiln_rescale;",
-            "#pragma unroll",
-            f"for (int kiln_i = 0; kiln_i < {v_steps}; kiln_i++) kiln_acc[kiln_i] *= kiln_rescale;",
-            "#pragma unroll",
-            f"for (int kiln_t = 0; kiln_t < {BATCH}; kiln_t++) {{",
-            f"  const int64_t {KEY} = {_CLAMPED};",
-            "  const bool kiln_in = kiln_j0 + kiln_t < kiln_end;",
-            f"  const float kiln_e = exp2f((kiln_xb[kiln_t] - kiln_ms) * {exponent});",
-            "  kiln_l += kiln_e;",
-            "  #pragma unroll",
-            f"  for (int kiln_i = 0; kiln_i < {v_steps}; kiln_i++) {{",
-            f"    const int64_t {a.d} = kiln_lane + 32 * kiln_i;",
-            f"    if ({a.d} < {width}) kiln_acc[kiln_i] += kiln_in ? kiln_e * {_load(a.v)} : 0.0f;",
-            "  }",
-            "}"]
-    return ([f"for (int64_t kiln_j0 = kiln_begin + {BATCH} * kiln_warp; kiln_j0 < kiln_end; "
-             f"kiln_j0 += {BATCH * WARPS}) {{"]
-            + ["  " + line for line in step] + ["}"])
+        step.append(f"{_type(r)} kiln_gv;")
+        step += snippet(guard_body(a, r), known, "kiln_gv")
+        step.append(f"if (kiln_in) {guard_update(r, acc, 'kiln_gv')}")
+    step += ["float kiln_x;", *snippet(a.logit, known, "kiln_x"),
+             "if (!kiln_in) kiln_x = -INFINITY;",
+             "float kiln_cm = kiln_x;",
+             "#pragma unroll",
+             "for (int kiln_o = 16; kiln_o >= 1; kiln_o >>= 1) {",
+             "  const float kiln_y = __shfl_xor_sync(0xffffffffu, kiln_cm, kiln_o);",
+             "  kiln_cm = kiln_y > kiln_cm ? kiln_y : kiln_cm;",
+             "}",
+             "const float kiln_mn = kiln_cm > kiln_m ? kiln_cm : kiln_m;",
+             "const float kiln_ms = kiln_mn == -INFINITY ? 0.0f : kiln_mn;",
+             f"const float kiln_rescale = exp2f((kiln_m - kiln_ms) * {exponent});",
+             f"const float kiln_e = exp2f((kiln_x - kiln_ms) * {exponent});",
+             "float kiln_cl = kiln_e;",
+             "#pragma unroll",
+             "for (int kiln_o = 16; kiln_o >= 1; kiln_o >>= 1) kiln_cl += __shfl_xor_sync(0xffffffffu, kiln_cl, kiln_o);",
+             "kiln_m = kiln_mn;",
+             "kiln_l = kiln_l * kiln_rescale + kiln_cl;",
+             "#pragma unroll",
+             f"for (int kiln_i = 0; kiln_i < {v_steps}; kiln_i++) kiln_acc[kiln_i] *= kiln_rescale;",
+             "#pragma unroll",
+             "for (int kiln_t = 0; kiln_t < 32; kiln_t++) {",
+             "  const float kiln_p = __shfl_sync(0xffffffffu, kiln_e, kiln_t);",
+             "  const bool kiln_pin = kiln_j0 + kiln_t < kiln_end;",
+             f"  const int64_t {KEY} = kiln_pin ? kiln_j0 + kiln_t : kiln_end - 1;",
+             "  #pragma unroll",
+             f"  for (int kiln_i = 0; kiln_i < {v_steps}; kiln_i++) {{",
+             f"    const int64_t {a.d} = kiln_lane + 32 * kiln_i;",
+             f"    if ({a.d} < {width}) kiln_acc[kiln_i] += kiln_pin ? kiln_p * {_load(a.v)} : 0.0f;",
+             "  }",
+             "}"]
+    lines = [f"for (int64_t kiln_j0 = kiln_begin + 32 * kiln_warp; kiln_j0 < kiln_end; kiln_j0 += {32 * WARPS}) {{"]
+    lines += ["  " + line for line in step] + ["}"]
+    # each lane's guards over its keys, then the warp's in every lane
+    for r, acc in accs.items():
+        combine = reduction_accumulator(r)[2]
+        lines += ["#pragma unroll",
+                  f"for (int kiln_o = 16; kiln_o >= 1; kiln_o >>= 1) {{",
+                  f"  const {_type(r)} kiln_y = kiln_shfl_xor({acc}, kiln_o);",
+                  f"  {acc} = {combine.format(a=acc, b='kiln_y')};",
+                  "}"]
+    return lines
+
+
+def _score(a: Attention) -> list[str]:
+    """S of the lane's key: q (staged in shared memory) times the key's row, read 8 elements at a
+    time where the row starts on 16 bytes (its depth a multiple of 8), else an element a time."""
+    depth, load = a.depth, a.k.load
+    scalar = [f"for (int64_t {DEPTH} = 0; {DEPTH} < {depth}; {DEPTH}++) {SCORE} += kiln_qs[{DEPTH}] * {_load(load)};"]
+    lines = [f"float {SCORE} = 0.0f;"]
+    if depth % 8:
+        return lines + ["#pragma unroll 16", *scalar]
+    row = index_code(substitute(load.index, {DEPTH: Expr.of(0)}))
+    return lines + [f"const {STORAGE[load.dtype]}* kiln_row = {load.buffer} + ({row});",
+                    "if (((uintptr_t)kiln_row & 15) == 0) {",
+                    "  #pragma unroll",
+                    f"  for (int kiln_i = 0; kiln_i < {depth}; kiln_i += 8) {{",
+                    "    float kiln_kv[8];",
+                    f"    kiln_{load.dtype.value}x8(kiln_kv, kiln_row + kiln_i);",
+                    "    #pragma unroll",
+                    f"    for (int kiln_u = 0; kiln_u < 8; kiln_u++) {SCORE} += kiln_qs[kiln_i + kiln_u] * kiln_kv[kiln_u];",
+                    "  }",
+                    "} else {",
+                    "  #pragma unroll 16",
+                    *("  " + line for line in scalar),
+                    "}"]
 
 
 def _type(r) -> str:

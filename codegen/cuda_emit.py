@@ -49,6 +49,13 @@ __device__ __forceinline__ float kiln_bf16_round(float f) { return kiln_bf16_loa
 __device__ __forceinline__ float kiln_f16_round(float f) { return kiln_f16_load(kiln_f16_store(f)); }
 // on the bits: CuPy compiles with -ftz=true, under which f != 0 is false for a subnormal f
 __device__ __forceinline__ bool kiln_f2bool(float f) { return (__float_as_uint(f) << 1) != 0; }
+// a butterfly step of a warp's reduction, for each accumulator type
+__device__ __forceinline__ float kiln_shfl_xor(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ bool kiln_shfl_xor(bool v, int o) { return __shfl_xor_sync(0xffffffffu, (int)v, o) != 0; }
+__device__ __forceinline__ int32_t kiln_shfl_xor(int32_t v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ int64_t kiln_shfl_xor(int64_t v, int o) {
+  return (int64_t)__shfl_xor_sync(0xffffffffu, (long long)v, o);
+}
 """
 
 # 16 bytes at a time: how a vector of each storage type is read and unpacked into floats

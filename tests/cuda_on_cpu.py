@@ -2,8 +2,8 @@
 g++ compiles the kernel's source against a small shim (a block's threads as std::threads, a
 block barrier and a barrier per warp for __syncthreads and the shuffles, blocks one after
 another, so that `__shared__` storage can be static), and `launch` runs a grid. Memory ordering,
-timing and anything the shim leaves out (f16's PTX, vector loads) are not covered: the GPU tests
-are."""
+timing and anything the shim leaves out (f16's PTX, vector loads but bf16x8) are not covered: the
+GPU tests are."""
 from __future__ import annotations
 
 import ctypes
@@ -33,19 +33,30 @@ static thread_local kiln_dim threadIdx, blockIdx;
 static kiln_dim gridDim, blockDim;
 static std::barrier<>* kiln_block_barrier;
 static std::vector<std::barrier<>*> kiln_warp_barriers;
-static float kiln_exchange[1024];
+static uint64_t kiln_exchange[1024];
 static inline float __int_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 static inline void __syncthreads() { kiln_block_barrier->arrive_and_wait(); }
 static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-static inline float __shfl_xor_sync(unsigned, float v, int offset) {
+template <typename T> static inline T kiln_from_lane(unsigned, T v, unsigned lane) {
+  // every lane of the warp posts its value, then reads `lane`'s (within the warp)
   std::barrier<>* warp = kiln_warp_barriers[threadIdx.x / 32];
-  kiln_exchange[threadIdx.x] = v;
+  memcpy(&kiln_exchange[threadIdx.x], &v, sizeof(T));
   warp->arrive_and_wait();
-  float other = kiln_exchange[(threadIdx.x & ~31u) | ((threadIdx.x & 31u) ^ (unsigned)offset)];
+  T other;
+  memcpy(&other, &kiln_exchange[(threadIdx.x & ~31u) | (lane & 31u)], sizeof(T));
   warp->arrive_and_wait();
   return other;
+}
+template <typename T> static inline T __shfl_xor_sync(unsigned m, T v, int offset) {
+  return kiln_from_lane(m, v, (threadIdx.x & 31u) ^ (unsigned)offset);
+}
+template <typename T> static inline T __shfl_sync(unsigned m, T v, int lane) { return kiln_from_lane(m, v, (unsigned)lane); }
+template <typename T> static inline T kiln_shfl_xor(T v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+struct uint4 { unsigned x, y, z, w; };
+static inline void kiln_bf16x8(float* v, const uint16_t* p) {
+  for (int i = 0; i < 8; i++) v[i] = __int_as_float(((unsigned)p[i]) << 16);
 }
 static inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 template <typename T> static inline T __ldcg(const T* p) { T v; __atomic_load(p, &v, __ATOMIC_SEQ_CST); return v; }

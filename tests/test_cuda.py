@@ -507,6 +507,9 @@ def test_decode_attention_splits_run_on_the_cpu_equal_the_interpreter(tmp_path):
         values = evaluate([program.nodes[n] for n in [kernel.output.name, *names]], feeds, env)
         want, inputs = values[0], [np.ascontiguousarray(v).reshape(-1) for v in values[1:]]
         inputs = [v.view(np.uint16) if b.dtype in (DType.BF16, DType.F16) else v for b, v in zip(kernel.inputs, inputs)]
+        # the same values one element past a 16-byte boundary: key rows read an element at a time
+        shifted = [np.concatenate([v[:1], v])[1:] if v.dtype == np.uint16 else v for v in inputs]
+        assert all(v.ctypes.data % 16 for v in shifted if v.dtype == np.uint16)
         symbols = np.array([env[s] for s in kernel.symbols], np.int64)
         for config in attention_space(kernel):
             if config not in libraries:
@@ -516,11 +519,11 @@ def test_decode_attention_splits_run_on_the_cpu_equal_the_interpreter(tmp_path):
                 libraries[config] = build(source, f"k_split{config.split}", types, tmp_path)
             scratch_bytes, counters = split_scratch(a, config)
             scratch, arrivals = np.zeros(max(scratch_bytes, 8), np.uint8), np.zeros(max(counters, 1), np.uint32)
-            for _ in range(2):       # the counters are left ready for the next launch
+            for operands in (inputs, shifted):   # two launches: the counters are left ready for the next
                 out = np.full(want.size, np.nan, kernel.output.dtype.np)     # a kernel must write
                 extra = [scratch, arrivals] if config.split > 1 else []
                 stored = out.view(np.uint16) if kernel.output.dtype in (DType.BF16, DType.F16) else out
-                launch(libraries[config], [stored, *inputs, symbols, *extra], points(a) * config.split, WARPS * 32)
+                launch(libraries[config], [stored, *operands, symbols, *extra], points(a) * config.split, WARPS * 32)
                 got = out.astype(np.float32).reshape(want.shape)
                 problem = mismatch(got, np.asarray(want, np.float32), rtol)
                 assert not problem, f"position {position} [{config.key()}]: {problem}"
