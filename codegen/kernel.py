@@ -10,6 +10,7 @@ itself."""
 from __future__ import annotations
 
 import hashlib
+from math import prod
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -354,27 +355,49 @@ def staged_rows(kernel: Kernel) -> dict[Scalar, int]:
     return found
 
 
+def load_counts(kernel: Kernel, env: dict[str, int], point_rows: bool = False) -> dict[str, int]:
+    """The elements each buffer's loads execute over all the kernel's points (a load inside a
+    reduction once a step). `point_rows`: the rows of a product's operand the points select, a
+    load in a reduction counted once for each value of the loop variables its index depends on
+    (directly or through values bound from them), not once a point: a GEMM reads its weight once
+    however many rows of activations it multiplies, a norm's scale no times."""
+    extents = {var: extent.evaluate(env) for var, extent in kernel.loops}
+    points = prod(extents.values())
+    loads: dict[str, int] = {}
+    seen: set[tuple] = set()
+    memo: dict = {}
+
+    def walk(s: Scalar, steps: int, reducing: bool, origin: tuple) -> None:
+        if (id(s), steps, reducing, origin) in seen:
+            return
+        seen.add((id(s), steps, reducing, origin))
+        sources = dict(origin)         # a variable -> the loop variables its value depends on
+        if isinstance(s, Load):
+            if not point_rows:
+                loads[s.buffer] = loads.get(s.buffer, 0) + points * steps
+            elif reducing:
+                selected = frozenset().union(*(sources.get(v, frozenset()) for v in s.index.symbols()))
+                if selected:
+                    loads[s.buffer] = loads.get(s.buffer, 0) + prod(extents[v] for v in selected) * steps
+        if isinstance(s, Reduce):
+            walk(s.body, steps * s.extent.evaluate(env), True, origin)
+        elif isinstance(s, Bind):
+            walk(s.value, steps, reducing, origin)
+            bound = frozenset().union(*(sources.get(v, frozenset()) for v in free_vars(s.value, memo)))
+            walk(s.body, steps, reducing, tuple(sorted({**sources, s.var: bound}.items())))
+        else:
+            for c in s.children():
+                walk(c, steps, reducing, origin)
+    for write in kernel.writes:
+        walk(write.value, 1, False, tuple(sorted((var, frozenset({var})) for var in extents)))
+    return loads
+
+
 def traffic_bytes(kernel: Kernel, env: dict[str, int]) -> int:
     """The fewest bytes a kernel moves: its output once, and each input once, or only as many
     elements as its loads execute where that is fewer (a gather reads the rows it picks, not the
     table). Reports divide time by it for achieved bandwidth; the search never ranks by it."""
-    points = 1
-    for _, extent in kernel.loops:
-        points *= extent.evaluate(env)
-    loads: dict[str, int] = {}
-    seen: set[tuple[int, int]] = set()
-
-    def walk(s: Scalar, times: int) -> None:
-        if (id(s), times) in seen:
-            return
-        seen.add((id(s), times))
-        if isinstance(s, Load):
-            loads[s.buffer] = loads.get(s.buffer, 0) + times
-        inner = times * s.extent.evaluate(env) if isinstance(s, Reduce) else times
-        for c in s.children():
-            walk(c, inner)
-    for write in kernel.writes:
-        walk(write.value, points)
+    loads = load_counts(kernel, env)
     out = sum(b.size.evaluate(env) * b.dtype.itemsize for b in kernel.outputs)
     return out + sum(min(b.size.evaluate(env), loads.get(b.name, 0)) * b.dtype.itemsize
                      for b in kernel.inputs)

@@ -16,7 +16,7 @@ from ..ir.symbolic import Expr, prod, sym
 from .attention import as_attention
 from .index import interval, linear, reshape_index, substitute
 from .kernel import (Apply, Bind, BufferArg, Const, InRange, IndexValue, Kernel, Load, Reduce,
-                     Scalar, Write, inner_vars, nodes, renamed, row_reductions, split_reductions)
+                     Scalar, Write, inner_vars, load_counts, nodes, renamed, row_reductions, split_reductions)
 
 
 @dataclass(frozen=True)
@@ -46,18 +46,23 @@ class FusionPolicy:
     takes in that kernel and every wide (f32) kernel behind it up to 16-bit values (the scores,
     the scaled query and keys), where the result is fused attention (codegen/attention.py): one
     pass over the keys, no scores stored; in decode, one query a head, its keys split among
-    blocks on the GPU (codegen/cuda_decode_attention.py)."""
+    blocks on the GPU (codegen/cuda_decode_attention.py). `rereads` (with `merges`): a merge may
+    compute at a point a product that another point computes too (the rotary's partner row: the
+    query projection inside its rotary reads every weight row twice, once for each point of a
+    pair), one kernel fewer for twice the weight's bytes; without it that product is stored."""
     inline_limit: int = 12
     broadcast_limit: int = 1
     epilogues: bool = False
     merges: bool = False
     rows: bool = False
     attention: bool = False
+    rereads: bool = True
 
     def key(self) -> str:
         return (f"inline{self.inline_limit}-bcast{self.broadcast_limit}"
                 + ("-epilogue" if self.epilogues else "") + ("-merge" if self.merges else "")
-                + ("-rows" if self.rows else "") + ("-attention" if self.attention else ""))
+                + ("-rows" if self.rows else "") + ("-attention" if self.attention else "")
+                + ("" if self.rereads else "-once"))
 
 
 # the fusion policies the search chooses among, by name (a tuner "variant")
@@ -67,7 +72,9 @@ POLICIES = {p.key(): p for p in (FusionPolicy(12, 1), FusionPolicy(12, 1, epilog
                                   FusionPolicy(12, 1, rows=True, attention=True),
                                   FusionPolicy(64, 16, epilogues=True, merges=True),
                                   FusionPolicy(64, 16, epilogues=True, merges=True, rows=True),
-                                  FusionPolicy(64, 16, epilogues=True, merges=True, rows=True, attention=True))}
+                                  FusionPolicy(64, 16, epilogues=True, merges=True, rows=True, attention=True),
+                                  FusionPolicy(64, 16, epilogues=True, merges=True, rows=True, attention=True,
+                                               rereads=False))}
 
 _ROUNDED = (DType.BF16, DType.F16)
 
@@ -284,10 +291,19 @@ class _Scheduler:
             readers = self._reader_kernels(node, roots)
             trial = roots - {id(node)}
             if 0 < len(readers) <= MERGED_READERS and all(
-                    _merged_well(self._trial_kernel(reader, trial), splittable=self.policy.rows)
-                    for reader in readers):
+                    _merged_well(kernel := self._trial_kernel(reader, trial), splittable=self.policy.rows)
+                    and (self.policy.rereads or not self._rereads_weights(kernel)) for reader in readers):
                 roots = trial
         return roots
+
+    def _rereads_weights(self, kernel: Kernel) -> bool:
+        """Whether the kernel, over all its points, reads more of a weight's point-selected rows
+        than the weight holds: a merge that computes, at each point, a product another point
+        computes too (the rotary's partner row: every row of the projection read twice, a
+        memory-bound GEMV at half speed). Rows every point shares (a norm's scale) don't count."""
+        reads = load_counts(kernel, self.probe, point_rows=True)
+        return any(b.role == "weight" and reads.get(name, 0) > b.size.evaluate(self.probe)
+                   for name, b in self.buffers.items())
 
     def _reader_kernels(self, node: Node, roots: set[int]) -> list[Node]:
         """The kernels (roots) whose values read `node`'s, directly or through inlined nodes."""

@@ -562,6 +562,32 @@ def test_merged_with_rows_softmax_is_a_row_kernel_and_pv_one_splittable_loop(tin
     check(g, args(0), args(9), args(15), policies=POLICIES[-2:-1], sets=(0, 1, 2))
 
 
+def test_the_once_policy_leaves_out_merges_that_read_a_weight_twice(tiny_lm, rng):
+    """The rotary's partner row: the query projection merged into its rotary computes, at each
+    point, its own row's product and its partner's, so every row of the weight is read twice, by
+    two points (twice the bytes of a memory-bound GEMV). Without rereads those products are
+    stored first: no kernel reads more of a weight's selected rows than the weight holds, and
+    every output still equals the interpreter."""
+    from kiln.codegen.kernel import load_counts
+    g = tiny_lm.decode
+    merged = FusionPolicy(64, 16, epilogues=True, merges=True)
+    once = FusionPolicy(64, 16, epilogues=True, merges=True, rereads=False)
+
+    def reread(program) -> list[str]:
+        env = {name: hi for name, (_, hi) in program.symbols.items()}
+        return [k.label for k in program.kernels for name, n in load_counts(k, env, point_rows=True).items()
+                if program.buffers[name].role == "weight" and n > program.buffers[name].size.evaluate(env)]
+    twice, stored = schedule(g, merged), schedule(g, once)
+    assert reread(twice) and not reread(stored)
+    assert len(stored.kernels) > len(twice.kernels)
+    caches = [c.shape for c in tiny_lm.cache.zeros()]
+
+    def args(pos: int) -> list[np.ndarray]:
+        return decode_args(g, rng.integers(0, 64, (1, 1)), pos,
+                           [rng.standard_normal(s).astype(np.float32) for s in caches])
+    check(g, args(0), args(9), args(15), policies=[once], sets=(0, 1, 2))
+
+
 @pytest.mark.parametrize("policy", [FusionPolicy(rows=True, attention=True),
                                     FusionPolicy(64, 16, epilogues=True, merges=True, rows=True, attention=True)],
                          ids=lambda p: p.key())
