@@ -185,7 +185,7 @@ def _score(a: Attention) -> list[str]:
         return lines + ["#pragma unroll 16", *scalar]
     row = index_code(substitute(load.index, {DEPTH: Expr.of(0)}))
     return lines + [f"const {STORAGE[load.dtype]}* kiln_row = {load.buffer} + ({row});",
-                    "if (((uintptr_t)kiln_row & 15) == 0) {",
+                    "if (((unsigned long long)kiln_row & 15) == 0) {",
                     "  #pragma unroll",
                     f"  for (int kiln_i = 0; kiln_i < {depth}; kiln_i += 8) {{",
                     "    float kiln_kv[8];",

@@ -109,7 +109,7 @@ def compile_graph(graph: Graph, backend, args: list[np.ndarray], seconds: float,
             if own:
                 isolated.close()
     report.seconds = time.monotonic() - start
-    return CompiledGraph(graph, choices, backend), report
+    return CompiledGraph(graph, choices, backend, regions=parts), report
 
 
 def budget_weights(costs: list[float | None], work: list[int]) -> list[float]:
@@ -198,7 +198,10 @@ class _RegionSearch:
         budget_s = share.remaining()
         deadline = Deadline(budget_s * SEARCH_SHARE)
         t0 = time.monotonic()
-        saturated = saturate(rep.outputs, rules, Limits(max_seconds=max(1.0, deadline.remaining() / 4)))
+        # with no time left (the graphs before overran) no e-graph: its second or more would
+        # only lengthen the overrun, and the program as lowered stands
+        saturated = (None if deadline.expired else
+                     saturate(rep.outputs, rules, Limits(max_seconds=max(1.0, deadline.remaining() / 4))))
         saturate_s = time.monotonic() - t0
         self._load(deadline)
         self.tuner.saturated = saturated
@@ -216,7 +219,8 @@ class _RegionSearch:
         choices[self.key] = Choice(winner.outputs, winner.variant, configs)
         report.kernels_measured += self.measurer.kernels_measured
         report.regions.append(RegionReport(
-            self.key, self.label, len(self.group), rep.size, saturated.stages, winner.progress, winner.key,
+            self.key, self.label, len(self.group), rep.size, saturated.stages if saturated else [],
+            winner.progress, winner.key,
             winner.variant, winner.estimate_s, winner.end_to_end_s, saturate_s,
             time.monotonic() - t0 - saturate_s, self.measurer.kernel_report(program, configs), rules_needed,
             undecided, budget_s))

@@ -12,7 +12,8 @@ configuration that runs for many seconds is stuck, not slow).
 
 Parent and worker speak JSON lines over the worker's stdin and stdout: a candidate gets its
 outcome; `{"region": FOLDER}` switches the worker to the next region and gets `{"ready": true}`.
-A region travels as an artifact folder (graph JSON and safetensors, never pickle); measurements
+A region travels as an artifact folder (graph JSON and safetensors, never pickle), its weights
+as another, written once and read again only when the worker no longer keeps them; measurements
 go straight from the worker into the tuning database, which is what the parent reads them from.
 
 Run as `python -m kiln.compiler.worker FOLDER PARENT_PID` (the parent does this)."""
@@ -45,6 +46,7 @@ MIN_TIMEOUT_S = 120.0           # a candidate's first compile and check can take
 TIMEOUT_FACTOR = 5              # ... and never less than this many times the slowest one so far
 TRIAL_TIMEOUT_S = 30.0          # one kernel configuration's check and timing
 RETRIES = 3                     # fresh workers a candidate gets while its faults are not its own
+WEIGHT_SETS = 4                 # the sets of weights a worker keeps read (a graph's regions')
 
 
 WORKER_PREFIX = "kiln-worker-"    # then the compiling process's id: whose folder it is
@@ -88,6 +90,10 @@ class IsolatedEvaluate:
         self.restarts = 0
         self._slowest = 0.0
         self._regions = 0
+        # each distinct set of weights is written once (regions of several graphs share a layer's,
+        # and a region is loaded for its program as lowered, then again for its search), kept
+        # alive with its folder: a region's folder names it
+        self._weight_folders: dict[tuple, tuple[Path, list]] = {}
         self._proc: subprocess.Popen | None = None
         self._lines: queue.Queue = queue.Queue()
         self._stderr: list[str] = []      # the worker's last lines, for a crash's detail
@@ -99,10 +105,15 @@ class IsolatedEvaluate:
         previous = self.folder
         self._regions += 1
         self.folder = self.root / f"region{self._regions}"
-        tensors = {**{f"weight/{k}": v for k, v in region.weights.items()},
-                   **{f"arg/{i}": a for i, a in enumerate(region.args)},
+        key = tuple(sorted((name, id(array)) for name, array in region.weights.items()))
+        if key not in self._weight_folders:
+            weights = self.root / f"weights{len(self._weight_folders) + 1}"
+            write_artifact(weights, {}, dict(region.weights))
+            self._weight_folders[key] = weights, list(region.weights.values())
+        tensors = {**{f"arg/{i}": a for i, a in enumerate(region.args)},
                    **{f"want/{i}": w for i, w in enumerate(region.want)}}
         spec = {"backend": self.backend_name, "db": str(self.db_path), "fingerprint": self.fingerprint,
+                "weights": str(self._weight_folders[key][0]),
                 "region": graph_to_json(region.graph(region.inputs)),
                 "args": len(region.args), "want": len(region.want), "sizes": region.sizes,
                 "recorded": region.recorded, "fixed": sorted(region.fixed)}
@@ -244,14 +255,19 @@ def serve(folder: Path, parent: int) -> None:
     protocol, sys.stdout = sys.stdout, sys.stderr     # stray prints must not break the protocol
     trial = folder.parent / TRIAL
     backend, measurer, db = None, None, None
+    weight_sets: dict[str, dict] = {}        # the last few sets of weights read, by folder
     requests = iter(sys.stdin)
     while True:
         _, open_file, tensors = read_artifact(folder)
         spec = json.loads(open_file(SPEC))
         if backend is None:
             backend, db = make_backend(spec["backend"]), TuneDB(spec["db"])
+        weights = weight_sets.pop(spec["weights"], None) or read_artifact(Path(spec["weights"]))[2]
+        weight_sets[spec["weights"]] = weights
+        while len(weight_sets) > WEIGHT_SETS:
+            weight_sets.pop(next(iter(weight_sets)))
         default = backend.default_config().key()
-        measurer = _measurer(backend, db, spec, tensors, trial, default)
+        measurer = _measurer(backend, db, spec, tensors, weights, trial, default)
         protocol.write(json.dumps({"ready": True}) + "\n")
         protocol.flush()
         folder = _answer(requests, measurer, trial, protocol)
@@ -267,8 +283,7 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _measurer(backend, db, spec: dict, tensors: dict, trial: Path, default: str) -> Measurer:
-    weights = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("weight/")}
+def _measurer(backend, db, spec: dict, tensors: dict, weights: dict, trial: Path, default: str) -> Measurer:
     graph = graph_from_json(spec["region"])
     region = Region(graph.inputs, weights, graph.symbols, [tensors[f"arg/{i}"] for i in range(spec["args"])],
                     [tensors[f"want/{i}"] for i in range(spec["want"])], spec["sizes"], spec["recorded"],
