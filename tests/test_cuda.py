@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -91,6 +92,23 @@ def test_every_template_configuration_compiles_with_nvcc(tiny_kernels, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     ptx = (tmp_path / "all.ptx").read_text()
     assert "ld.global.v4" in ptx or "ld.global.nc.v4" in ptx     # the 16-byte vector loads are there
+
+
+# NVRTC, which the runtime compiles with, has no <stdint.h>: PRELUDE defines the integer types
+# the emitters use. nvcc, which the tests here compile with, has them all, so a source naming
+# another passes here and fails on the GPU (uintptr_t did once).
+NOT_IN_NVRTC = re.compile(r"\b(u?intptr_t|u?int8_t|int16_t|std::)")
+
+
+def test_generated_sources_name_only_integer_types_nvrtc_has(tiny_kernels):
+    from kiln.codegen.attention import as_attention
+    from kiln.codegen.cuda_attention import attention_space
+    from kiln.codegen.cuda_decode_attention import emit_cuda_decode_attention
+    sources = [emit_cuda(k, c, f"k{i}_{j}") for i, k in enumerate(tiny_kernels) for j, c in enumerate(config_space(k))]
+    sources += [emit_cuda_decode_attention(as_attention(k), c, "k") for _, _, fused in _decode_attention_kernels()
+                for k in fused for c in attention_space(k)]
+    named = {m.group(0) for source in sources for m in NOT_IN_NVRTC.finditer(source)}
+    assert not named, f"generated CUDA names {sorted(named)}, which NVRTC does not define"
 
 
 def test_a_staged_configuration_computes_a_shared_row_once_per_block(tiny_kernels):
