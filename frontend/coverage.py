@@ -26,6 +26,12 @@ FEWER = {"vocab_size": 128, "num_hidden_layers": 2, "n_layer": 2, "num_layers": 
          "pad_token_id": 0, "max_position_embeddings": 128, "n_positions": 128}
 SHRINK = {**FEWER, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
           "n_embd": 64, "n_head": 4, "d_model": 64, "num_heads": 4, "moe_intermediate_size": 64}
+# multi-head latent attention (DeepSeek-V2/V3 and the sparse-attention models built on it): its
+# head sizes are fields of their own, the rotary's width is `head_dim`, no grouped keys; an
+# indexer keeps 4 of the prompt's 7 positions, so its choice is exercised
+LATENT = {**SHRINK, "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8,
+          "qk_nope_head_dim": 8, "qk_head_dim": 16, "v_head_dim": 16, "head_dim": 8,
+          "index_n_heads": 2, "index_head_dim": 16, "index_topk": 4}
 PROMPT = 7
 MOST_PARAMETERS = 40_000_000   # a model its depth alone shrinks further than this is not tried
 
@@ -69,7 +75,7 @@ def tiny_model(arch: str, sizes: dict[str, int]) -> torch.nn.Module:
 
 def _built(arch: str, ids: torch.Tensor) -> tuple[torch.nn.Module, np.ndarray]:
     """The tiniest model of `arch` that runs, and its eager logits."""
-    for sizes in (SHRINK, FEWER):
+    for sizes in (SHRINK, LATENT, FEWER):
         try:
             model = tiny_model(arch, sizes)
             with torch.no_grad(), batched_experts(model):     # as it is lowered

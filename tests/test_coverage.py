@@ -2,7 +2,7 @@
 eager in the reference interpreter; the first op that stops a model is named and ranked."""
 from __future__ import annotations
 
-from kiln.frontend.coverage import Row, check, ranked_ops
+from kiln.frontend.coverage import LATENT, PROMPT, Row, check, ranked_ops
 
 # expert sizes read back to the host (.tolist()) to split the tokens: shapes that depend on data
 STOPPED = ("JetMoeForCausalLM", "aten._local_scalar_dense")
@@ -10,6 +10,13 @@ STOPPED = ("JetMoeForCausalLM", "aten._local_scalar_dense")
 
 def test_dense_mixture_of_experts_complex_rotary_and_integer_mask_lms_lower_and_match_eager():
     for arch in ("LlamaForCausalLM", "MixtralForCausalLM", "Llama4ForCausalLM", "CpmAntForCausalLM"):
+        row = check(arch)
+        assert row.stage == "lowered" and row.error < 1e-4, row
+
+
+def test_sparse_attention_indexers_lower_and_match_eager_while_choosing_positions():
+    assert LATENT["index_topk"] < PROMPT      # the indexer's mask leaves positions out
+    for arch in ("DeepseekV32ForCausalLM", "HYV4ForCausalLM"):
         row = check(arch)
         assert row.stage == "lowered" and row.error < 1e-4, row
 
