@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .hf import batched_experts
+from .hf import lowering_implementations
 
 # tiny sizes for whichever of these fields a config has; experts in every layer, 2 of 4 a token.
 # Where a config will not build that small (its head sizes are fields of their own: MLA, state
@@ -78,7 +78,7 @@ def _built(arch: str, ids: torch.Tensor) -> tuple[torch.nn.Module, np.ndarray]:
     for sizes in (SHRINK, LATENT, FEWER):
         try:
             model = tiny_model(arch, sizes)
-            with torch.no_grad(), batched_experts(model):     # as it is lowered
+            with torch.no_grad(), lowering_implementations(model):     # as it is lowered
                 return model, _Logits(model)(ids).float().numpy()
         except Exception as err:        # a config that will not build or run this small
             failure = err
@@ -105,7 +105,7 @@ def check(arch: str) -> Row:
     except Exception as err:
         return Row(arch, "build", f"{type(err).__name__}: {str(err)[:120]}", seconds=time.monotonic() - start)
     try:
-        with batched_experts(model), warnings.catch_warnings():
+        with lowering_implementations(model), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             graph = lower(_Logits(model), (ids,))
     except UnsupportedOp as err:

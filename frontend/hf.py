@@ -25,6 +25,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from ..ir import Graph, KilnError, ShapeError, decode, run
 from ..ir.generation import generate_tokens
 from ..ir.tensors import to_numpy
+from .chosen_attention import NAME as CHOSEN_POSITIONS, has_indexer
 from .lower import lower
 
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -255,25 +256,31 @@ def lower_causal_lm(model: torch.nn.Module, max_seq: int) -> LoweredLM:
     in eval mode; its weights become the graphs' weights."""
     spec = cache_spec(model, max_seq)
     vocab = int(model.config.get_text_config().vocab_size)
-    with batched_experts(model):
+    with lowering_implementations(model):
         return LoweredLM(lower_prefill(model, spec), lower_decode(model, spec), spec, vocab)
 
 
 @contextmanager
-def batched_experts(model: torch.nn.Module):
-    """Mixture-of-experts layers exported with transformers' "batched_mm" experts (every expert's
-    weights gathered by the router's top-k choice, then batched products): the default
-    "grouped_mm" brings aten.sort, aten.histc and a custom op, "eager" does not export
-    (docs/findings.md). The model's own setting is restored after."""
+def lowering_implementations(model: torch.nn.Module):
+    """The implementations a model is exported with, its own settings restored after:
+    - mixture-of-experts layers as transformers' "batched_mm" experts (every expert's weights
+      gathered by the router's top-k choice, then batched products): the default "grouped_mm"
+      brings aten.sort, aten.histc and a custom op, "eager" does not export (docs/findings.md);
+    - a model with a sparse-attention indexer attends over the positions it chose
+      (chosen_attention.py), not over every position masked."""
     config = model.config.get_text_config()
-    before = getattr(config, "_experts_implementation", None)
+    experts = getattr(config, "_experts_implementation", None)
+    attention = config._attn_implementation
     if hasattr(config, "_experts_implementation"):
         config._experts_implementation = "batched_mm"
+    if has_indexer(model):
+        config._attn_implementation = CHOSEN_POSITIONS
     try:
         yield
     finally:
         if hasattr(config, "_experts_implementation"):
-            config._experts_implementation = before
+            config._experts_implementation = experts
+        config._attn_implementation = attention
 
 
 # ---- greedy generation through the reference interpreter --------------------------------------

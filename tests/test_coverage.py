@@ -2,7 +2,12 @@
 eager in the reference interpreter; the first op that stops a model is named and ranked."""
 from __future__ import annotations
 
-from kiln.frontend.coverage import LATENT, PROMPT, Row, check, ranked_ops
+import torch
+
+from kiln.frontend.coverage import LATENT, PROMPT, Row, _Logits, check, ranked_ops, tiny_model
+from kiln.frontend.hf import lowering_implementations
+from kiln.frontend.lower import lower
+from kiln.ir import Op
 
 # expert sizes read back to the host (.tolist()) to split the tokens: shapes that depend on data
 STOPPED = ("JetMoeForCausalLM", "aten._local_scalar_dense")
@@ -19,6 +24,27 @@ def test_sparse_attention_indexers_lower_and_match_eager_while_choosing_position
     for arch in ("DeepseekV32ForCausalLM", "HYV4ForCausalLM"):
         row = check(arch)
         assert row.stage == "lowered" and row.error < 1e-4, row
+
+
+def test_indexer_attention_reads_only_the_chosen_positions_and_equals_the_models_own():
+    """Given its indexer's 4 of 7 positions, DeepSeek-V3.2's attention (and HY-V4's, with attention
+    sinks) gathers 4 keys a query: eager through it equals the model's own dense attention under the
+    indexer's mask, and the lowered graph scores 4 positions a query, never all 7."""
+    ids = torch.randint(0, 128, (1, PROMPT), generator=torch.Generator().manual_seed(2))
+    heads, topk = LATENT["num_attention_heads"], LATENT["index_topk"]
+    for arch in ("DeepseekV32ForCausalLM", "HYV4ForCausalLM"):
+        model = tiny_model(arch, LATENT)
+        with torch.no_grad():
+            own = _Logits(model)(ids)
+            with lowering_implementations(model):
+                chosen = _Logits(model)(ids)
+                graph = lower(_Logits(model), (ids,))
+        assert torch.allclose(chosen, own, rtol=1e-4, atol=1e-5 * float(own.abs().max())), arch
+        # attention's softmax [B, H, ..., k], one more with HY-V4's sink logit
+        softmax = [n.shape for n in graph if n.op is Op.EXP2 and len(n.shape) >= 4 and n.shape[1] == heads]
+        assert softmax and all(shape[-1] in (topk, topk + 1) for shape in softmax), (arch, softmax)
+        gathered = [n for n in graph if n.op is Op.GATHER and n.shape[:-1] == (1, heads, PROMPT, topk)]
+        assert len(gathered) >= 2, arch                            # the chosen keys and values
 
 
 def test_a_model_that_does_not_lower_is_named_with_its_first_op():

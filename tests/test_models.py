@@ -307,7 +307,7 @@ def test_relative_error_helper_sees_differences():
 @pytest.mark.parametrize("name", MOE_LMS)
 def test_a_mixture_of_experts_lm_lowers_with_batched_experts_and_keeps_its_own(name):
     """lower_causal_lm exports a MoE model's experts as "batched_mm" (its default "grouped_mm"
-    sorts tokens by expert, which Kiln has no primitive for) and gives the model its own setting
+    sorts tokens by expert, which Kiln has no primitive for) and gives the model its own settings
     back; the reference interpreter's greedy continuation is transformers'."""
     torch.manual_seed(0)
     model = MOE_LMS[name]().eval()
