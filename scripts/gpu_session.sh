@@ -25,6 +25,13 @@ fi
 mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/kiln
 export PYTHONPATH=/tmp/pkg:$site:$PWD PYTHONUNBUFFERED=1 KILN_TEST_LOWERED=$PWD/lowered
 steps=${STEPS:-tests debug bench}
+# what an earlier machine's call sent back (the tuning database, an unfinished compile's journal),
+# carried in build/carry: a fresh machine continues where that one stopped
+if [ -d build/carry ]; then
+  [ -f build/gpu-tune.sqlite ] || cp build/carry/gpu-tune.sqlite build/ 2>/dev/null
+  [ -f build/.llama-art.kiln-compile.json ] || cp build/carry/llama-art.kiln-compile.json \
+    build/.llama-art.kiln-compile.json 2>/dev/null
+fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
 if [[ $steps == *tests* ]]; then   # one test at a time, so that one that hangs loses only itself
   for test in $(grep -A2 '^@needs_gpu' tests/test_cuda.py | grep -o 'def test_[a-z0-9_]*' | cut -c5- | grep -E "${TESTS:-.}"); do
@@ -38,8 +45,10 @@ if [[ $steps == *debug* ]]; then
 fi
 if [[ $steps == *compile* ]]; then
   # a compile at the default 10-minute budget, over calls of at most 10 minutes: each runs it for
-  # COMPILE_TIMEOUT seconds, the next call resumes it (its journal and the database stay in build/
-  # while the machine is warm: call again within 30 s); BENCH_ARTIFACT=build/llama-art then times it
+  # COMPILE_TIMEOUT seconds, the next call resumes it (its journal and the database come back under
+  # $OUT: carry them in build/carry when the machine was released between calls); the artifact
+  # (weights included) stays on the machine, so the call that finishes the compile also benches it
+  # with BENCH_ARTIFACT=build/llama-art
   resume=$([ -f build/.llama-art.kiln-compile.json ] && echo --resume || echo --budget "${COMPILE_BUDGET:-10m}")
   timeout "${COMPILE_TIMEOUT:-540}" python3 -m kiln.cli compile llama-3.2-1b --backend cuda --lowered lowered/llama1b \
     --dtype bfloat16 --max-seq 704 --out build/llama-art --db build/gpu-tune.sqlite $resume 2>&1 \
@@ -121,5 +130,8 @@ for row in db.execute("SELECT region, candidate_hash, status, substr(detail, 1, 
                       "WHERE status != 'ok'"):
     print("candidate rejected:", *row)
 PY
-# the tuning database comes back, to be carried in build/ by the next call
-cp build/gpu-tune.sqlite "$out/" 2>/dev/null
+# the tuning database (a consistent copy, even of a compile cut off mid-write) and an unfinished
+# compile's journal come back, to be carried in build/carry by the next call
+[ -f build/gpu-tune.sqlite ] && python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \
+  build/gpu-tune.sqlite "$out/gpu-tune.sqlite" 2>/dev/null
+[ ! -f build/.llama-art.kiln-compile.json ] || cp build/.llama-art.kiln-compile.json "$out/llama-art.kiln-compile.json"

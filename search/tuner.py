@@ -97,14 +97,20 @@ class RegionTuner:
             self._try(ORIGINAL, None, self.original)
         seen = {ORIGINAL}
         view = self.saturated.graph if self.saturated else None
-        while view is not None and not deadline.expired and self.progress.tried < max_candidates:
+        # past the deadline the draw goes on while it meets candidates the database already holds
+        # (a resumed compile replays the interrupted one's draws, at no cost, up to where it stopped)
+        replaying = True
+        while view is not None and replaying and self.progress.tried < max_candidates:
             batch = (extract.genetic_candidates(view, list(self.scored.items()), BATCH, self.rng)
                      if len(self.scored) >= 2 else extract.candidates(view, BATCH, self.rng))
             fresh = [c for c in batch if c.key not in seen]
             if not fresh:
                 break                       # the space is exhausted
             for candidate in fresh:
-                if deadline.expired or self.progress.tried >= max_candidates:
+                if self.progress.tried >= max_candidates:
+                    break
+                if deadline.expired and not self._recorded(candidate.key):
+                    replaying = False
                     break
                 seen.add(candidate.key)
                 outputs = extract.decode(self.saturated.encoded, view, candidate.genome)
@@ -113,13 +119,18 @@ class RegionTuner:
             self._try(key, None, outputs, [variant])
         return self._final({f"{key}/{variant}" for key, variant, _ in remembered})
 
+    def _recorded(self, key: str) -> bool:
+        return any(self.db.candidate(self.compile_id, self.region, f"{key}/{variant}") is not None
+                   for variant in self.variants)
+
     def _try(self, key: str, genome, outputs: list[Node], variants: Sequence[str] | None = None,
              first_always: bool = True) -> None:
         for k, variant in enumerate(self.variants if variants is None else variants):
-            if (k or not first_always) and self.deadline.expired:   # the original's first variant always runs
-                break
             name = f"{key}/{variant}"
             record = self.db.candidate(self.compile_id, self.region, name)
+            # the original's first variant always runs; what the database holds costs nothing
+            if (k or not first_always) and self.deadline.expired and record is None:
+                break
             if record is None:
                 try:
                     outcome = self.evaluate(outputs, variant)
