@@ -19,7 +19,9 @@ NAME = "kiln_chosen_positions"
 
 
 def has_indexer(model: torch.nn.Module) -> bool:
-    return any(hasattr(module, "indexer") for module in model.modules())
+    # a module, not merely the attribute: some models (MiniMax-M3) keep `indexer = None` in
+    # layers that attend densely, and those must keep their own attention
+    return any(isinstance(getattr(module, "indexer", None), torch.nn.Module) for module in model.modules())
 
 
 def chosen_positions_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,

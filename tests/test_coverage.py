@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.frontend.coverage import LATENT, PROMPT, Row, _Logits, check, ranked_ops, tiny_model
+from kiln.frontend.coverage import LATENT, PROMPT, SHRINK, Row, _Logits, check, ranked_ops, tiny_model
 from kiln.frontend.hf import lowering_implementations
 from kiln.frontend.lower import lower
 from kiln.ir import Op
@@ -45,6 +45,21 @@ def test_indexer_attention_reads_only_the_chosen_positions_and_equals_the_models
         assert softmax and all(shape[-1] in (topk, topk + 1) for shape in softmax), (arch, softmax)
         gathered = [n for n in graph if n.op is Op.GATHER and n.shape[:-1] == (1, heads, PROMPT, topk)]
         assert len(gathered) >= 2, arch                            # the chosen keys and values
+
+
+def test_a_model_whose_layers_hold_no_indexer_keeps_its_own_attention():
+    """MiniMax-M3's layers say `indexer = None`: no indexer chooses positions, so the implementations
+    it is lowered with leave its attention as it was (it once fell to the chosen-positions one's
+    fallback and moved the logits by 0.88 of their largest)."""
+    ids = torch.randint(0, 128, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+    model = tiny_model("MiniMaxM3VLForCausalLM", SHRINK)
+    with torch.no_grad():
+        own = _Logits(model)(ids)
+        with lowering_implementations(model):
+            lowered_with = _Logits(model)(ids)
+    # the experts run batched_mm there, grouped_mm here: equal up to summation order
+    assert torch.allclose(lowered_with, own, rtol=1e-4, atol=1e-5 * float(own.abs().max()))
+    assert check("MiniMaxM3VLForCausalLM").stage == "lowered"
 
 
 def test_a_model_that_does_not_lower_is_named_with_its_first_op():
