@@ -56,4 +56,6 @@ def chosen_positions_attention(module, query, key, value, attention_mask, scalin
 
 
 AttentionInterface.register(NAME, chosen_positions_attention)
-AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+# eager's mask, always materialized: sdpa's is None where the mask is merely causal (sdpa then
+# passes is_causal), which would leave the chosen positions and the fallback unmasked
+AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["eager"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from kiln.frontend.coverage import LATENT, PROMPT, SHRINK, Row, _Logits, check, ranked_ops, tiny_model
+from kiln.frontend.chosen_attention import NAME as CHOSEN_POSITIONS
 from kiln.frontend.hf import lowering_implementations
 from kiln.frontend.lower import lower
 from kiln.ir import Op
@@ -49,16 +50,20 @@ def test_indexer_attention_reads_only_the_chosen_positions_and_equals_the_models
 
 def test_a_model_whose_layers_hold_no_indexer_keeps_its_own_attention():
     """MiniMax-M3's layers say `indexer = None`: no indexer chooses positions, so the implementations
-    it is lowered with leave its attention as it was (it once fell to the chosen-positions one's
-    fallback and moved the logits by 0.88 of their largest)."""
+    it is lowered with leave its attention as it was; and the chosen-positions attention, given no
+    indices, falls back to the model's own, causal (it once lost the causal mask there)."""
     ids = torch.randint(0, 128, (1, PROMPT), generator=torch.Generator().manual_seed(3))
     model = tiny_model("MiniMaxM3VLForCausalLM", SHRINK)
     with torch.no_grad():
         own = _Logits(model)(ids)
         with lowering_implementations(model):
             lowered_with = _Logits(model)(ids)
+        config = model.config.get_text_config()
+        config._attn_implementation = CHOSEN_POSITIONS       # given no indices: the model's own, causal
+        fallen_back = _Logits(model)(ids)
     # the experts run batched_mm there, grouped_mm here: equal up to summation order
-    assert torch.allclose(lowered_with, own, rtol=1e-4, atol=1e-5 * float(own.abs().max()))
+    for logits in (lowered_with, fallen_back):
+        assert torch.allclose(logits, own, rtol=1e-4, atol=1e-5 * float(own.abs().max()))
     assert check("MiniMaxM3VLForCausalLM").stage == "lowered"
 
 
