@@ -154,7 +154,8 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
     # the search's rate where its budget went: candidates a minute per region, and what each won with
     result["kiln_search"] = {
         name: [{"region": r["label"], "budget_s": r.get("budget_s"), "tried": r["progress"]["tried"],
-                "search_s": r["search_s"], "per_minute": 60 * r["progress"]["tried"] / max(r["search_s"], 1e-9),
+                "measured": r["progress"]["measured"], "search_s": r["search_s"],
+                "per_minute": 60 * r["progress"]["measured"] / max(r["search_s"], 1e-9),
                 "winner": r["winner"], "rules": r.get("rules", [])} for r in g["regions"]]
         for name, g in compiled.report["graphs"].items()}
     result["kiln_kernels_per_token"] = decode.kernel_count
@@ -395,7 +396,8 @@ def run_gpu_bench(spec: str, dtype: str, tokens: int, budget: str, max_seq: int,
            if "kiln_vs_fp32_rel_error" in r else ""))
     for graph, regions in r.get("kiln_search", {}).items():
         print(f"  kiln search, {graph}: " + "; ".join(
-            f"{x['region']} {x['tried']} candidates in {x['search_s']:.0f} s ({x['per_minute']:.0f} a minute)"
+            f"{x['region']} {x['tried']} candidates ({x['measured']} measured) in {x['search_s']:.0f} s "
+            f"({x['per_minute']:.0f} a minute)"
             for x in regions))
     if "kiln_short_prompt_s" in r:
         print(f"  kiln prefill: {r['prefill_tokens']} tokens {r['kiln_prefill_first_call_s'] * 1e3:.1f} ms on a "

@@ -15,7 +15,8 @@ PLAIN_EVERY_S = 10.0
 def _stats(p: Progress, left: float) -> str:
     best = f"{p.best_s * 1e6:,.0f} us" if p.best_s else "-"
     gain = f"{p.gain:.2f}x" if p.gain else "-"
-    return f"tried {p.tried} (valid {p.valid}), best {best}, gain {gain}, {left:,.0f} s left"
+    known = f", {p.tried - p.measured} from the database" if p.measured < p.tried else ""
+    return f"tried {p.tried} (valid {p.valid}{known}), best {best}, gain {gain}, {left:,.0f} s left"
 
 
 class CompileDisplay:

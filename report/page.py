@@ -240,15 +240,18 @@ def _regions_table(regions: list[dict], finished: bool, total_e2e: float) -> str
                      *_progress_cells(r["progress"]),
                      _s(r["end_to_end_s"]), _pct(share), Raw(f"<code>{escape(r['winner'])}</code>"),
                      ", ".join(r.get("rules", [])) or ("none" if "rules" in r else "-"), _s(r["saturate_s"]),
-                     _s(r["search_s"]), _per_minute(r["progress"]["tried"], r["search_s"])])
+                     _s(r["search_s"]), _per_minute(r["progress"], r["search_s"])])
     return _table(["region", "repeats", "IR nodes", "budget", "tried", "valid", "first valid", "best estimate", "gain",
                    "end to end", "share", "winner", "rewrites it needs", "saturate", "search", "candidates a minute"],
                   rows)
 
 
-def _per_minute(tried: int, seconds: float | None) -> str:
-    """How fast the search measured candidates (checked against the reference, tuned, timed)."""
-    return f"{tried / seconds * 60:.1f}" if seconds else "-"
+def _per_minute(progress: dict, seconds: float | None) -> str:
+    """How fast the search measured candidates (checked against the reference, tuned, timed): those
+    a resumed compile took from the database cost it nothing and do not count (reports written
+    before the count existed count every candidate tried)."""
+    measured = progress.get("measured", progress["tried"])
+    return f"{measured / seconds * 60:.1f}" if seconds else "-"
 
 
 def _progress_cells(p: dict) -> list:
@@ -456,8 +459,9 @@ def _legend() -> str:
          "instead of reading it from a stored buffer: <b>inline</b> ops for a value several kernels "
          "read, <b>bcast</b> ops for one read under a broadcast."),
         ("estimate", "the sum of the candidate's kernel times, each kernel in its fastest configuration."),
-        ("candidates a minute", "candidates tried over the region's search time: each one scheduled, "
-         "checked against the reference and its kernels tuned and timed."),
+        ("candidates a minute", "candidates measured over the region's search time: each one scheduled, "
+         "checked against the reference and its kernels tuned and timed (those a resumed compile "
+         "found in the tuning database not counted)."),
         ("end to end", "the region run whole in the launch mode a user gets (a CUDA graph's replay "
          "on the GPU, one C call on the CPU), median of several runs; the winner is the fastest of "
          "the best few estimates by this time."),

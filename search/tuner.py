@@ -38,6 +38,7 @@ class Progress:
     """What a progress display shows about one region's search."""
     region: str
     tried: int = 0
+    measured: int = 0                  # of those tried, measured in this run (not the database's)
     valid: int = 0
     first_valid_s: float | None = None
     best_s: float | None = None
@@ -140,6 +141,7 @@ class RegionTuner:
                     outcome = Outcome("crash", None, f"{type(err).__name__}: {err}")
                 self.db.record_candidate(self.compile_id, self.region, name, outcome.status,
                                          outcome.estimate_s, detail=outcome.detail)
+                self.progress.measured += 1
             else:
                 outcome = Outcome(record.status, record.estimate_s, record.detail)
             self._note(outcome, name, variant, outputs, genome)

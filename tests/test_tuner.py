@@ -30,7 +30,7 @@ def test_a_resumed_search_with_no_time_left_still_weighs_every_candidate_measure
         first = tuner(db)
         first.measure_lowered(Deadline(60))
         interrupted = first.run(Deadline(60), max_candidates=12)
-    assert first.progress.tried == 12 and interrupted.key != "original/a"
+    assert first.progress.tried == first.progress.measured == 12 and interrupted.key != "original/a"
     measured = len(evaluated)
     with TuneDB(tmp_path / "tune.sqlite") as db:
         resumed = tuner(db)
@@ -38,4 +38,5 @@ def test_a_resumed_search_with_no_time_left_still_weighs_every_candidate_measure
         winner = resumed.run(Deadline(0), max_candidates=12)
     assert len(evaluated) == measured                        # nothing evaluated again
     assert resumed.progress.tried == first.progress.tried
+    assert resumed.progress.measured == 0      # its candidates a minute count none of them
     assert (winner.key, winner.end_to_end_s) == (interrupted.key, interrupted.end_to_end_s)
