@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.frontend.coverage import LATENT, PROMPT, SHRINK, Row, _Logits, check, ranked_ops, tiny_model
+from kiln.frontend.coverage import LATENT, PROMPT, SHRINK, Row, _Logits, check, ranked_ops, tiny_config, tiny_model
 from kiln.frontend.chosen_attention import NAME as CHOSEN_POSITIONS
 from kiln.frontend.hf import lowering_implementations
 from kiln.frontend.lower import lower
@@ -65,6 +65,31 @@ def test_a_model_whose_layers_hold_no_indexer_keeps_its_own_attention():
     for logits in (lowered_with, fallen_back):
         assert torch.allclose(logits, own, rtol=1e-4, atol=1e-5 * float(own.abs().max()))
     assert check("MiniMaxM3VLForCausalLM").stage == "lowered"
+
+
+def test_a_config_built_at_the_tiny_sizes_derives_the_sizes_that_depend_on_them():
+    """Built from the tiny sizes (not set on a default config afterwards), a config derives its
+    dependent fields itself: Bamba's and Zamba2's state-space head widths. A
+    per-layer list of the default depth is cut to the tiny depth; sub-configs
+    (Git's vision tower) shrink too; decoder-only fields of encoder-decoder families (PLBart's heads)
+    are sized; a field a config refuses to have set (ProphetNet's num_hidden_layers) is left."""
+    bamba = tiny_config("BambaForCausalLM", SHRINK)
+    assert bamba.mamba_n_heads * bamba.mamba_d_head == bamba.mamba_expand * SHRINK["hidden_size"]
+    zamba2 = tiny_config("Zamba2ForCausalLM", SHRINK)
+    assert zamba2.mamba_headdim * zamba2.n_mamba_heads == zamba2.mamba_expand * SHRINK["hidden_size"]
+    assert zamba2.layers_block_type == ["linear_attention"] * 2      # its first 2 of 54
+    assert tiny_config("GitForCausalLM", SHRINK).vision_config.hidden_size == SHRINK["hidden_size"]
+    assert tiny_config("PLBartForCausalLM", SHRINK).decoder_attention_heads == SHRINK["num_attention_heads"]
+    for arch in ("BambaForCausalLM", "Zamba2ForCausalLM", "GitForCausalLM", "PLBartForCausalLM",
+                 "ProphetNetForCausalLM", "HeliumForCausalLM", "MusicgenForCausalLM"):
+        row = check(arch)
+        assert row.stage == "lowered" and row.error < 1e-4, row
+
+
+def test_a_model_that_will_not_build_small_is_named_with_why_not_the_fallbacks_size():
+    # a drafter that runs on its main model's keys and values: not a standalone ids -> logits model
+    row = check("Gemma4UnifiedAssistantForCausalLM")
+    assert row.stage == "build" and "shared_kv_states" in row.detail, row
 
 
 def test_a_model_that_does_not_lower_is_named_with_its_first_op():
