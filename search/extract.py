@@ -231,6 +231,20 @@ def mutate(genome: Genome, view: EGraphView, rng: random.Random, rate: float = 0
     return draw(view, rng, genes)
 
 
+def neighbours(genome: Genome, view: EGraphView, n: int, rng: random.Random) -> list[Candidate]:
+    """Up to n distinct genomes one class's e-node away from `genome` (each repaired as a mutation
+    is), the genome itself never among them."""
+    seen, out = {genome}, []
+    for _ in range(20 * n):
+        if len(out) >= n:
+            break
+        child = mutate(genome, view, rng, rate=0.0)
+        if child not in seen:
+            seen.add(child)
+            out.append(Candidate.of(child))
+    return out
+
+
 def crossover(a: Genome, b: Genome, view: EGraphView, rng: random.Random) -> Genome:
     """Each class's gene from one parent or the other (uniform), repaired like a mutation."""
     genes = [x if y < 0 or (x >= 0 and rng.random() < 0.5) else y for x, y in zip(a, b)]

@@ -9,11 +9,14 @@ each one (a minimal set, not always the only one: two rules that each build the 
 interchangeable, and the first tried is dropped)."""
 from __future__ import annotations
 
+import random
 from typing import Callable
 
-from .adapter import EGraphView, ENode
+from . import extract
+from .adapter import EGraphView, ENode, dump, new_egraph, view
+from .extract import Genome
 from .rulesets import Ruleset
-from .saturate import Limits, saturate
+from .saturate import Limits, Saturated, saturate
 
 
 def _literal_key(graph: EGraphView, cid: str, terms: Callable[[str], object], memo: dict) -> object:
@@ -30,40 +33,58 @@ def _literal_key(graph: EGraphView, cid: str, terms: Callable[[str], object], me
     return key
 
 
+def _twins(graph: EGraphView, chosen: EGraphView, choice: dict[str, ENode]) -> dict[str, tuple[str, int] | None]:
+    """For each class of `chosen` the candidate reaches: the class of `graph` holding the twin of
+    its chosen e-node and that e-node's index there (None where `graph` holds no twin)."""
+    index: dict[tuple, tuple[str, int]] = {}
+    memo: dict = {}
+    for cls in graph.term_classes:
+        for i, n in enumerate(cls.nodes):
+            index[(n.op, tuple(_literal_key(graph, k, lambda c: c, memo) for k in n.children))] = cls.id, i
+    twin: dict[str, tuple[str, int] | None] = {}
+    memo_chosen: dict = {}
+    stack = list(chosen.roots)
+    while stack:        # children first (iterative: programs are deep)
+        top = stack[-1]
+        if top in twin:
+            stack.pop()
+            continue
+        kids = [k for k in choice[top].children if chosen.classes[k].type == "Term" and k not in twin]
+        kids += [t for k in choice[top].children if chosen.classes[k].type != "Term"
+                 for t in _terms_inside(chosen, k) if t not in twin]
+        if kids:
+            stack.extend(kids)
+            continue
+        stack.pop()
+        n = choice[top]
+        if any(twin.get(t) is None for t in _terms_below(chosen, n)):
+            twin[top] = None
+            continue
+        key = (n.op, tuple(_literal_key(chosen, k, lambda c: twin[c][0], memo_chosen) for k in n.children))
+        twin[top] = index.get(key)
+    return twin
+
+
 def holds(graph: EGraphView, chosen: EGraphView, choice: dict[str, ENode]) -> bool:
     """Whether `graph` holds the candidate `choice` makes of `chosen`'s e-classes, with the same
     roots."""
-    index: dict[tuple, str] = {}
-    memo: dict = {}
-    for cls in graph.term_classes:
-        for n in cls.nodes:
-            index[(n.op, tuple(_literal_key(graph, k, lambda c: c, memo) for k in n.children))] = cls.id
-    twin: dict[str, str | None] = {}
-    memo_chosen: dict = {}
+    twin = _twins(graph, chosen, choice)
+    return all(twin[r] is not None and twin[r][0] == g for r, g in zip(chosen.roots, graph.roots))
 
-    def find(cid: str) -> str | None:
-        """The twin of a chosen class, children first (iterative: programs are deep)."""
-        stack = [cid]
-        while stack:
-            top = stack[-1]
-            if top in twin:
-                stack.pop()
-                continue
-            kids = [k for k in choice[top].children if chosen.classes[k].type == "Term" and k not in twin]
-            kids += [t for k in choice[top].children if chosen.classes[k].type != "Term"
-                     for t in _terms_inside(chosen, k) if t not in twin]
-            if kids:
-                stack.extend(kids)
-                continue
-            stack.pop()
-            n = choice[top]
-            if any(twin.get(t) is None for t in _terms_below(chosen, n)):
-                twin[top] = None
-                continue
-            key = (n.op, tuple(_literal_key(chosen, k, lambda c: twin[c], memo_chosen) for k in n.children))
-            twin[top] = index.get(key)
-        return twin[cid]
-    return all(find(r) == g for r, g in zip(chosen.roots, graph.roots))
+
+def lowered_genome(saturated: Saturated, rng: random.Random) -> Genome:
+    """The program as lowered, as a choice in its saturated e-graph (which holds it: an e-graph
+    only grows): each class it reaches gets the e-node it was encoded as. Where rewrites merged two
+    of its classes (`x` and `x * 1`), the walk keeps one of their e-nodes, repairing any cycle."""
+    plain = view(saturated.encoded, dump(new_egraph(saturated.encoded)))
+    twin = _twins(saturated.graph, plain, {c.id: c.nodes[0] for c in plain.term_classes})
+    s = extract.space(saturated.graph)
+    position = {cid: k for k, cid in enumerate(s.class_ids)}
+    prefer = [-1] * len(s.class_ids)
+    for found in twin.values():
+        if found is not None:
+            prefer[position[found[0]]] = found[1]
+    return extract.draw(saturated.graph, rng, prefer)
 
 
 def _terms_inside(graph: EGraphView, cid: str) -> list[str]:

@@ -1,5 +1,6 @@
-"""The tuner's loop for one region: draw candidates from the saturated e-graph (random first, then
-bred from the fastest measured), have each one checked and estimated by the backend, journal every
+"""The tuner's loop for one region: draw candidates from the saturated e-graph (the program as
+lowered's neighbours and random programs first, then bred from the fastest measured, the program as
+lowered among them), have each one checked and estimated by the backend, journal every
 result in the tuning database, and time the best few end to end to pick the winner.
 
 The backend work (scheduling, compiling, checking, timing) arrives as callables, so this module
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..ir import KilnError, Node
-from . import extract
+from . import extract, provenance
 from .budget import Deadline
 from .saturate import Saturated
 from .tunedb import TuneDB
@@ -98,12 +99,25 @@ class RegionTuner:
             self._try(ORIGINAL, None, self.original)
         seen = {ORIGINAL}
         view = self.saturated.graph if self.saturated else None
+        lowered_s = [e for e, key, *_ in self.ok if key.startswith(ORIGINAL + "/")]
+        if view is not None and lowered_s:
+            # the program as lowered is a parent too, scored as measured: the first round draws
+            # its neighbours (one class's e-node changed: a rewrite applied at one place) beside
+            # random programs, and breeding may keep returning to it
+            lowered = provenance.lowered_genome(self.saturated, self.rng)
+            self.scored[lowered] = min(lowered_s)
+            seen.add(extract.Candidate.of(lowered).key)
         # past the deadline the draw goes on while it meets candidates the database already holds
         # (a resumed compile replays the interrupted one's draws, at no cost, up to where it stopped)
         replaying = True
         while view is not None and replaying and self.progress.tried < max_candidates:
-            batch = (extract.genetic_candidates(view, list(self.scored.items()), BATCH, self.rng)
-                     if len(self.scored) >= 2 else extract.candidates(view, BATCH, self.rng))
+            if len(self.scored) >= 2:
+                batch = extract.genetic_candidates(view, list(self.scored.items()), BATCH, self.rng)
+            elif self.scored:
+                batch = (extract.neighbours(next(iter(self.scored)), view, BATCH // 2, self.rng)
+                         + extract.candidates(view, BATCH - BATCH // 2, self.rng))
+            else:
+                batch = extract.candidates(view, BATCH, self.rng)
             fresh = [c for c in batch if c.key not in seen]
             if not fresh:
                 break                       # the space is exhausted

@@ -8,7 +8,7 @@ from kiln.frontend.lower import lower
 from kiln.ir import Op, toposort
 from kiln.rewrites.registry import library
 from kiln.search import extract
-from kiln.search.provenance import holds, rules_used
+from kiln.search.provenance import holds, lowered_genome, rules_used
 from kiln.search.rulesets import Ruleset
 from kiln.search.saturate import Limits, saturate
 
@@ -52,3 +52,19 @@ def test_the_rules_a_reassociated_chain_needs_are_named():
     # a candidate the program as lowered spells needs no rule
     assert rules_used(graph.outputs, rulesets, fired, full.graph, extract.choice(full.graph, lowered),
                       Limits()) == ([], [])
+
+
+def test_the_program_as_lowered_is_found_in_its_saturated_egraph_and_its_neighbours_rewrite_one_place():
+    """The tuner breeds from the program as lowered: its choice in the saturated e-graph spells the
+    lowered program (the bare e-graph holds it), and each neighbour changes one class's e-node."""
+    graph = lower(Chain(), (torch.randn(8, 1),))
+    full = saturate(graph.outputs, list(library().values()), isolate=False)
+    bare = saturate(graph.outputs, [], isolate=False).graph
+    lowered = lowered_genome(full, random.Random(0))
+    assert holds(bare, full.graph, extract.choice(full.graph, lowered))
+    assert widest_product(extract.decode(full.encoded, full.graph, lowered)) == 8
+    near = extract.neighbours(lowered, full.graph, 6, random.Random(1))
+    assert len(near) == 6 and lowered not in {c.genome for c in near}
+    for c in near:      # of the classes both reach, one chose another e-node
+        assert sum(a != b for a, b in zip(lowered, c.genome) if a >= 0 and b >= 0) == 1
+    assert any(not holds(bare, full.graph, extract.choice(full.graph, c.genome)) for c in near)
