@@ -40,3 +40,22 @@ def test_a_resumed_search_with_no_time_left_still_weighs_every_candidate_measure
     assert resumed.progress.tried == first.progress.tried
     assert resumed.progress.measured == 0      # its candidates a minute count none of them
     assert (winner.key, winner.end_to_end_s) == (interrupted.key, interrupted.end_to_end_s)
+
+
+def test_a_rewrite_replaces_the_program_as_lowered_only_by_winning_end_to_end(tmp_path):
+    """Every rewritten candidate's kernel estimate beats the program as lowered, but each runs
+    slower whole: the program as lowered is always a finalist, so it stays the winner."""
+    program = [long_sum(6)]
+    saturated = saturate(program, with_associativity(), Limits(max_enodes=4_000))
+
+    def lowered(outputs):
+        return outputs[0] is program[0]          # nodes are hash-consed: the same program, the same node
+
+    with TuneDB(tmp_path / "tune.sqlite") as db:
+        tuner = RegionTuner("r", "layer", program, saturated, ["a"],
+                            lambda outputs, variant: Outcome("ok", 2e-6 if lowered(outputs) else 1e-6),
+                            end_to_end=lambda outputs, variant: 1e-6 if lowered(outputs) else 3e-6,
+                            db=db, compile_id="c1", seed=0)
+        tuner.measure_lowered(Deadline(60))
+        winner = tuner.run(Deadline(60), max_candidates=12)
+    assert tuner.progress.valid == 12 and winner.key == "original/a" and winner.end_to_end_s == 1e-6
