@@ -180,9 +180,12 @@ class RegionTuner:
                             "program as lowered failed its check against the reference interpreter "
                             "(the tuning database's candidates table says why)")
         ranked = sorted(self.ok, key=lambda row: row[0])
-        # the program as lowered always among them: an estimate a few percent lower (noise, or
-        # kernels that run apart faster than together) must also win end to end to replace it
-        forced = set(forced) | {next((row[1] for row in ranked if row[1].startswith(ORIGINAL + "/")), "")}
+        # the program as lowered always among them, at its best estimate and under each finalist's
+        # fusion policy: a rewrite replaces it only by winning end to end (not by an estimate a
+        # few percent lower: noise, or kernels that run apart faster than together), and the
+        # database holds what the rewrite gained with the policy held fixed
+        forced = (set(forced) | {f"{ORIGINAL}/{row[2]}" for row in ranked[:FINALISTS]}
+                  | {next((row[1] for row in ranked if row[1].startswith(ORIGINAL + "/")), "")})
         finalists = ranked[:FINALISTS] + [row for row in ranked[FINALISTS:] if row[1] in forced]
         timed = []
         for estimate, key, variant, outputs, genome in finalists:
