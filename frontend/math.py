@@ -284,6 +284,29 @@ def erf(x: Node) -> Node:
     return where(lt(x, c(0, x)), neg(y), y)
 
 
+# Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011), single precision: a
+# polynomial in w = -log(1 - x^2), one for the centre (w < 5) and one in sqrt(w) for the tails
+_ERFINV_CENTRE = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087,
+                  -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
+_ERFINV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773,
+                -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
+
+
+def erfinv(x: Node) -> Node:
+    """The inverse of erf on [-1, 1] (relative error about 1e-7); +-inf at +-1, NaN outside."""
+    w = neg(log(mul(sub(c(1, x), x), add(c(1, x), x))))
+    centre, tail = sub(w, c(2.5, x)), sub(sqrt(w), c(3, x))
+
+    def horner(coeffs, t):
+        p = c(coeffs[0], x)
+        for coeff in coeffs[1:]:
+            p = add(mul(p, t), c(coeff, x))
+        return p
+    p = where(lt(w, c(5, x)), horner(_ERFINV_CENTRE, centre), horner(_ERFINV_TAIL, tail))
+    # at +-1 the tail's polynomial meets inf - inf: the limit instead
+    return where(eq(abs_(x), c(1, x)), mul(x, c(math.inf, x)), mul(p, x))
+
+
 def floor(x: Node) -> Node:
     if not x.dtype.is_float:
         return x

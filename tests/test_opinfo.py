@@ -65,7 +65,7 @@ CASES: dict[str, tuple[torch.dtype, ...]] = {
     "log10": (), "log1p": (I64,), "sqrt": (I64, BF16), "rsqrt": (BF16,), "sin": (I64, BF16),
     "cos": (BF16,), "tan": (), "asin": (), "acos": (), "atan": (BF16,), "atan2": (I64,), "sinh": (),
     "cosh": (), "asinh": (), "acosh": (), "atanh": (), "tanh": (BF16,), "sigmoid": (I64, BF16),
-    "erf": (BF16,), "sinc": (), "logit": (), "logaddexp": (BF16,), "logaddexp2": (), "special.ndtr": (),
+    "erf": (BF16,), "erfinv": (), "sinc": (), "logit": (), "logaddexp": (BF16,), "logaddexp2": (), "special.ndtr": (),
     "special.entr": (), "special.xlog1py": (),
     # --- comparisons and logic ----------------------------------------------------------------
     "eq": (I64, BOOL), "ne": (I64, BOOL), "lt": (I64, BOOL), "le": (I64,), "gt": (I64,), "ge": (I64,),

@@ -120,6 +120,7 @@ pointwise(m.atanh, aten.atanh.default, float_only=True)
 pointwise(m.sigmoid, aten.sigmoid.default, float_only=True)
 pointwise(m.tanh, aten.tanh.default, float_only=True)
 pointwise(m.erf, aten.erf.default, float_only=True)
+pointwise(m.erfinv, aten.erfinv.default, float_only=True)
 pointwise(m.elu, aten.elu.default, float_only=True)
 
 # comparisons and logic (bool results)
