@@ -113,9 +113,9 @@ class RegionTuner:
         while view is not None and replaying and self.progress.tried < max_candidates:
             if len(self.scored) >= 2:
                 batch = extract.genetic_candidates(view, list(self.scored.items()), BATCH, self.rng)
-            elif self.scored:
+            elif self.scored:      # the neighbours besides a whole round of random programs
                 batch = (extract.neighbours(next(iter(self.scored)), view, BATCH // 2, self.rng)
-                         + extract.candidates(view, BATCH - BATCH // 2, self.rng))
+                         + extract.candidates(view, BATCH, self.rng))
             else:
                 batch = extract.candidates(view, BATCH, self.rng)
             fresh = [c for c in batch if c.key not in seen]
