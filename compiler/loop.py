@@ -18,7 +18,7 @@ from ..ir import Graph, Node, Op, evaluate, regions as regionlib
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..ir.graph import is_weight
 from ..rewrites.registry import library
-from ..runtime.compiled import Choice, CompiledGraph, read_inputs, region_graph, replays
+from ..runtime.compiled import Choice, CompiledGraph, read_inputs, records, region_graph
 from ..runtime.executor import fixed_symbols
 from ..search.budget import Deadline
 from ..search import extract
@@ -136,7 +136,7 @@ class _RegionSearch:
         inputs = [i for i in rep.inputs if not is_weight(i)]
         sub = region_graph(graph, rep, rep.outputs)
         self.region = Region(inputs, sub.weights, dict(graph.symbols), [feeds[i] for i in inputs],
-                             evaluate(rep.outputs, feeds, env), sizes=dict(env), recorded=replays(graph),
+                             evaluate(rep.outputs, feeds, env), sizes=dict(env), recorded=records(backend, graph),
                              fixed=fixed_symbols(read_inputs(graph)))
         self.measurer = Measurer(backend, db, fingerprint, self.region)
         self.label = rep.label if len(group) == 1 else f"{rep.label} (x{len(group)})"

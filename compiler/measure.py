@@ -48,7 +48,7 @@ class Region:
     args: list[np.ndarray]
     want: list[np.ndarray]
     sizes: dict[str, int] = field(default_factory=dict)
-    recorded: bool = False        # its graph runs as recordings where the backend records
+    recorded: bool = False        # its graph runs as recordings on this backend (runtime/compiled.py: records)
     fixed: frozenset[str] = frozenset()   # the symbols a recording holds (runtime/executor.py)
 
     def graph(self, outputs: list[Node]) -> Graph:

@@ -1,7 +1,7 @@
 """What the executor, a compiled graph and the measurer ask of a backend, written down: the CPU's
 (`runtime/cpu.py`, C kernels) and CUDA's (`runtime/cuda.py`, NVRTC and cuBLAS) implement
-`Backend`; a backend whose launches can be recorded and replayed (CUDA graphs) implements
-`Recording` too, and one that times kernels with their weights evicted from the cache (the CPU)
+`Backend`; a backend whose launches can be recorded and replayed (CUDA graphs; on the CPU a
+step's region calls, replayed by one C call) implements `Recording` too, and one that times kernels with their weights evicted from the cache (the CPU)
 `Evicting`. Code that needs a capability asks `isinstance(backend, Recording)`; tests check each
 backend class against these (tests/test_backend.py)."""
 from __future__ import annotations
@@ -81,7 +81,8 @@ class Backend(Protocol):
 
 @runtime_checkable
 class Recording(Protocol):
-    """A backend whose launches a recording holds and replays (a CUDA graph)."""
+    """A backend whose launches a recording holds and replays (a CUDA graph; the CPU's region
+    calls)."""
 
     def capture(self, body: Callable[[], None]) -> Callable[[], None]:
         """Record what `body` launches (nothing runs); returns the replay."""
@@ -90,7 +91,12 @@ class Recording(Protocol):
     def capturable(fn, env: dict[str, int]) -> bool:
         """Whether a recording can hold `fn` at these sizes."""
 
-    def is_device(self, array) -> bool: ...
+    records_each_size: bool     # a prefill padded to a few lengths replays a recording of each
+
+    def resident(self, array, written: bool) -> bool:
+        """Whether a recording reads `array` where it is (its address part of the recording's
+        key) rather than from a fixed buffer the call's values are copied into; `written`: the
+        graph updates the input in place."""
 
     @staticmethod
     def address(array) -> int: ...

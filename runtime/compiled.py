@@ -48,6 +48,13 @@ def replays(graph: Graph) -> bool:
     return all(d.symbols() <= fixed for n in graph.outputs for d in n.shape)
 
 
+def records(backend, graph: Graph) -> bool:
+    """Whether `backend` runs `graph` as recordings: it records launches, the graph's sizes follow
+    from its inputs (`replays`), and it records each size or the graph has one (decode)."""
+    return (isinstance(backend, Recording) and replays(graph)
+            and (backend.records_each_size or not fixed_symbols(read_inputs(graph))))
+
+
 MAX_RECORDINGS = 8     # a prefill's padded lengths (32 ... 4,096 doubling: 8)
 
 
@@ -80,8 +87,7 @@ class CompiledGraph:
             self.executors.append(executor)
         # asked once: a decode step is short, and the question walks every kernel (~80 us for 60
         # kernels here, on every call, before it was kept)
-        self._replayable = (isinstance(self.backend, Recording) and replays(graph) and
-                            all(ex.replayable for ex in self.executors))
+        self._replayable = records(backend, graph) and all(ex.replayable for ex in self.executors)
         # where each symbol is read from (an input's dimension), and the inputs no node reads:
         # what a replayed step needs of its arguments
         self._fixed = sorted(fixed)
@@ -92,6 +98,12 @@ class CompiledGraph:
                     self._symbol_dims.setdefault(dim.symbol_name, (i, axis))
         read = {id(x) for node in graph.nodes() for x in node.inputs} | {id(o) for o in graph.outputs}
         self._unread = {i for i, node in enumerate(graph.inputs) if id(node) not in read}
+        # the inputs a region's program writes in place (the KV cache)
+        index = {id(node): i for i, node in enumerate(graph.inputs)}
+        self._written = {index[id(feed)] for region, ex in zip(self.regions, self.executors)
+                         for feed, name in zip((f for i, f in zip(region.inputs, region.feeds) if not is_weight(i)),
+                                               ex.program.inputs)
+                         if name in set(ex.program.aliases.values()) and id(feed) in index}
         # per region, the nodes whose values it is called with (its weights are its own)
         self._feeds = [[f for i, f in zip(region.inputs, region.feeds) if not is_weight(i)]
                        for region in self.regions]
@@ -142,7 +154,13 @@ class CompiledGraph:
             return self._replay(args)
         return self._run([self.backend.input(a) for a in args], copy=True)
 
-    def _run(self, args: list, copy: bool, recording: bool = False) -> list:
+    def inspect(self, visit: Callable[[Executor, list, dict[str, int]], None], *args) -> list:
+        """A call run region by region, never replayed, with `visit(executor, its inputs, the
+        call's symbols)` before each region runs (diagnostics: a real step's kernels timed one by
+        one on its own values)."""
+        return self._run([self.backend.input(a) for a in args], copy=True, visit=visit)
+
+    def _run(self, args: list, copy: bool, recording: bool = False, visit=None) -> list:
         """The graph's inputs are checked once, here; its regions are called with the symbols
         this binds (a region's inputs follow from the graph's), without checking theirs again:
         SmolLM2's decode spent 1-2 ms a token binding its 32 regions one by one."""
@@ -151,9 +169,11 @@ class CompiledGraph:
         if not recording:
             self._write_symbols(env)
         for region, feeds, executor in zip(self.regions, self._feeds, self.executors):
+            inputs = [values[id(f)] for f in feeds]
+            if visit is not None:
+                visit(executor, inputs, env)
             # between regions, outputs stay in the producing executor's memory (it runs once a call)
-            outputs = executor.run_bound([values[id(f)] for f in feeds], env, recording=recording,
-                                         symbols_written=True)
+            outputs = executor.run_bound(inputs, env, recording=recording, symbols_written=True)
             for node, value in zip(region.produces, outputs):
                 values[id(node)] = value
         passed = {id(a) for a in args}      # inputs written in place go back as they are
@@ -194,7 +214,8 @@ class CompiledGraph:
             outputs = self._run([b.input(a) for a in args], copy=True)
             self._ran.setdefault(fixed, all(ex.replayable_at(ex.recording_sizes(env)) for ex in self.executors))
             return outputs
-        key = tuple(b.address(a) if b.is_device(a) else (np.ndim(a), np.asarray(a).dtype.str) for a in args)
+        key = tuple(b.address(a) if b.resident(a, i in self._written) else (np.ndim(a), np.asarray(a).dtype.str)
+                    for i, a in enumerate(args))
         recording = self._recordings.get(fixed)
         if recording is None or recording[0] != key:
             self._recordings.pop(fixed, None)      # free the old recording's buffers first
@@ -218,9 +239,9 @@ class CompiledGraph:
         """The staging buffers, the outputs and the replay of a recording made on `args`."""
         b = self.backend
         largest = {name: hi for name, (lo, hi) in self.graph.symbols.items()}
-        staged = [a if b.is_device(a) else
+        staged = [a if b.resident(a, i in self._written) else
                   b.input(np.zeros(tuple(d.evaluate(largest) for d in n.shape), np.asarray(a).dtype))
-                  for a, n in zip(args, self.graph.inputs)]
+                  for i, (a, n) in enumerate(zip(args, self.graph.inputs))]
         views = self._stage(staged, args)
         self._env(views)                 # checked outside the recording
         outputs: list = []

@@ -2,9 +2,8 @@
 loaded with ctypes, launched on numpy buffers and timed with a monotonic clock."""
 from __future__ import annotations
 
-import functools
-
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -13,6 +12,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -52,6 +52,44 @@ void EVICT(const char* p, int64_t n) {
 """
 
 
+# a recording's replay: each entry four pointers, a runner's (or a callback's) address, the step,
+# the function table and the address table (runtime/cpu_region.py)
+REPLAY_SOURCE = """
+void REPLAY(int64_t n, void* const* calls) {
+  for (int64_t i = 0; i < n; i++)
+    ((void (*)(int64_t, void* const*, void* const*))calls[4 * i])(
+        (int64_t)(intptr_t)calls[4 * i + 1], (void* const*)calls[4 * i + 2], (void* const*)calls[4 * i + 3]);
+}
+"""
+
+_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
+
+
+class CpuRecording:
+    """The calls a run made while the backend recorded: region runners' steps, each on the copy
+    of its address table that call filled, and library calls as callbacks into Python."""
+
+    def __init__(self):
+        self.entries: list[int | None] = []
+        self.kept: list = []            # what the entries' addresses point into
+        self.error: BaseException | None = None
+
+    def call(self, function, step: int, functions, addresses) -> None:
+        self.entries += [ctypes.cast(function, ctypes.c_void_p).value, step,
+                         ctypes.addressof(functions), ctypes.addressof(addresses)]
+        self.kept += [functions, addresses]
+
+    def callback(self, body: Callable[[], None]) -> None:
+        def run(step, functions, addresses):
+            try:
+                body()
+            except BaseException as err:     # ctypes would print it and carry on
+                self.error = self.error or err
+        callback = _CALLBACK(run)
+        self.entries += [ctypes.cast(callback, ctypes.c_void_p).value, 0, None, None]
+        self.kept.append(callback)
+
+
 def cache_dir() -> Path:
     """Compiled kernels by source hash, in a folder of their compiler and flags (objects built with
     other flags compute otherwise)."""
@@ -86,10 +124,15 @@ class CpuBackend:
     name = "cpu"
     source_suffix = ".c"                # an artifact's kernel files
     timing = "weights evicted before each timed call"     # see evicter()
+    # a recording holds one size: it saves a decode step the host's work between its regions
+    # (SmolLM2: 32 region calls, ~5% of a step), where padding prompts to a few lengths for
+    # recordings of prefill would cost compute
+    records_each_size = False
 
     def __init__(self):
         self._libs: dict[str, ctypes.CDLL] = {}
-        self._evict = None
+        self._evict = self._replay = None
+        self.recording: CpuRecording | None = None      # set while capture() runs its body
         _single_threaded_blas()
 
     def compile(self, functions: dict[str, str]) -> dict[str, ctypes._CFuncPtr]:
@@ -227,11 +270,55 @@ class CpuBackend:
         """The deployed launch mode: the executor's kernels as one C call (runtime/cpu_region.py)."""
         return RegionRunner(executor, self, like)
 
+    def launcher(self, fn, kernel: Kernel, config: KernelConfig | LibraryConfig):
+        launch = fn.launcher(kernel) if isinstance(fn, LibraryKernel) else lambda args, env: fn(*args)
+
+        def run(args, env):
+            if self.recording is not None:
+                raise KilnError("kiln: a CPU recording holds region runners' calls; this executor "
+                                "launches kernel by kernel (build it with deployed=True)")
+            launch(args, env)
+        return run
+
+    # --- recordings: a step's region calls replayed by one C call -----------------------------
+    def capture(self, body: Callable[[], None]) -> Callable[[], None]:
+        """Record the calls `body`'s region runners make (nothing runs); returns the replay, one
+        C call that makes them in order."""
+        if self._replay is None:
+            name = f"kiln_replay_{source_hash(REPLAY_SOURCE)}"
+            self._replay = self.compile({name: REPLAY_SOURCE.replace("REPLAY", name)})[name]
+        self.recording = record = CpuRecording()
+        try:
+            body()
+        finally:
+            self.recording = None
+        table = (ctypes.c_void_p * max(1, len(record.entries)))(*record.entries)
+        calls, replay = ctypes.c_int64(len(record.entries) // 4), self._replay
+
+        def run(kept=(record, table)):
+            replay(calls, table)
+            if record.error is not None:
+                error, record.error = record.error, None
+                raise error
+        return run
+
     @staticmethod
-    def launcher(fn, kernel: Kernel, config: KernelConfig | LibraryConfig):
-        if isinstance(fn, LibraryKernel):
-            return fn.launcher(kernel)
-        return lambda args, env: fn(*args)
+    def capturable(fn, env: dict[str, int]) -> bool:
+        return True       # a library call is recorded as a callback
+
+    @staticmethod
+    def resident(array, written: bool) -> bool:
+        """Host memory is the kernels' memory: an input the graph writes in place (the KV cache)
+        is used where the caller keeps it; the others are copied into fixed buffers."""
+        return written
+
+    @staticmethod
+    def address(array: np.ndarray) -> int:
+        return array.ctypes.data
+
+    @staticmethod
+    def write(buffer: np.ndarray, array: np.ndarray) -> None:
+        np.copyto(buffer, array)
 
     @staticmethod
     def poison(buffer: np.ndarray, dtype: DType) -> None:

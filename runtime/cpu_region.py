@@ -1,13 +1,12 @@
 """Running an executor's kernels as one C call (codegen/c_runner.py), the CPU backend's deployed
-launch mode: the tables of function and buffer addresses are filled when the executor is built
-(weights and the arena never move), and a call only writes the addresses of its inputs and the
-symbols' values before one ctypes call per step. A library kernel (numpy's BLAS) runs between two
-steps, through its own launcher."""
+launch mode: the tables of function and argument addresses are filled when the executor is built
+(weights, the arena and the symbol arrays never move), and a call only writes the addresses of its
+inputs before one ctypes call per step. A library kernel (numpy's BLAS) runs between two steps,
+through its own launcher. While the backend records (runtime/cpu.py), a call is recorded instead:
+each step with a copy of the address table as it was, each library call as a callback."""
 from __future__ import annotations
 
 import ctypes
-
-import numpy as np
 
 from ..codegen.c_runner import Call, emit_runner
 from ..codegen.library import is_library
@@ -18,7 +17,7 @@ class RegionRunner:
         """`like`: the runner of an identical executor (same program and kernels), whose compiled
         runner this one shares; its tables are this executor's own."""
         program = executor.program
-        self._executor = executor
+        self._executor, self._backend = executor, backend
         slot_of: dict[object, int] = {}        # a fixed address, or the name of a call input
         steps: list[list[Call]] = [[]]
         self._plan: list[tuple[bool, int]] = []     # (a runner step?, step or kernel index)
@@ -27,16 +26,15 @@ class RegionRunner:
                 self._plan.append((False, i))
                 steps.append([])
                 continue
-            buffers = tuple(slot_of.setdefault(a if isinstance(a, str) else a.value, len(slot_of))
-                            for a in executor.kernel_buffer_args(i))
+            slots = tuple(slot_of.setdefault(a if isinstance(a, str) else a.value, len(slot_of))
+                          for a in executor.kernel_addresses(i))
             if not steps[-1]:
                 self._plan.append((True, len(steps) - 1))
-            steps[-1].append(Call(program.kernels[i], i, buffers))
-        self.symbols = tuple(sorted({s for k in program.kernels for s in k.symbols}))
+            steps[-1].append(Call(program.kernels[i], i, slots))
         if like is not None:
             self.source, self._function = like.source, like._function
         else:
-            self.source = emit_runner(steps, self.symbols)
+            self.source = emit_runner(steps)
             self._function = backend.compile(dict([self.source]))[self.source[0]]
         # the tables the runner reads; ctypes arrays, so a call passes them without conversion
         self._functions = (ctypes.c_void_p * max(1, len(executor.functions)))(
@@ -45,20 +43,22 @@ class RegionRunner:
         self._buffers = (ctypes.c_void_p * max(1, len(slot_of)))(
             *(None if isinstance(key, str) else key for key in slot_of))
         self._inputs = [(slot, key) for key, slot in slot_of.items() if isinstance(key, str)]
-        self._symbol_values = np.zeros(max(1, len(self.symbols)), dtype=np.int64)
         self._step_args = [ctypes.c_int64(k) for k in range(len(steps))]
-        self._tables = (self._functions, self._buffers, ctypes.c_void_p(self._symbol_values.ctypes.data))
 
-    def __call__(self, inputs: dict[str, np.ndarray], env: dict[str, int]) -> None:
+    def __call__(self, inputs: dict, env: dict[str, int]) -> None:
         for slot, name in self._inputs:
             self._buffers[slot] = inputs[name].ctypes.data
-        if self.symbols:
-            self._symbol_values[:len(self.symbols)] = [env[s] for s in self.symbols]
+        record = self._backend.recording
         for is_step, index in self._plan:
-            if is_step:
-                self._function(self._step_args[index], *self._tables)
-            else:
+            if record is None and is_step:
+                self._function(self._step_args[index], self._functions, self._buffers)
+            elif record is None:
                 self._executor.launch_one(index, inputs, env)
+            elif is_step:     # the table as this call filled it: a later call may refill this one
+                record.call(self._function, index, self._functions, type(self._buffers)(*self._buffers))
+            else:
+                record.callback(lambda index=index, inputs=dict(inputs), env=dict(env):
+                                self._executor.launch_one(index, inputs, env))
 
     @property
     def steps(self) -> int:

@@ -51,6 +51,7 @@ def storage(dtype: DType) -> np.dtype:
 class CudaBackend:
     name = "cuda"
     source_suffix = ".cu"
+    records_each_size = True
 
     def __init__(self):
         self.cp = cupy_or_error()
@@ -177,7 +178,7 @@ class CudaBackend:
             return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(self.cp.uint16)
         return values.astype(storage(dtype), copy=False)
 
-    def is_device(self, array) -> bool:
+    def resident(self, array, written: bool) -> bool:
         return isinstance(array, self.cp.ndarray)
 
     @staticmethod

@@ -233,11 +233,11 @@ class Executor:
 
     def _run(self, inputs: dict, env: dict[str, int], copy: bool, recording: bool = False,
              symbols_written: bool = False) -> list:
+        if not (recording or symbols_written):
+            self.write_symbols(env)
         if self.runner is not None:
             self.runner(inputs, env)
         else:
-            if not (recording or symbols_written):
-                self.write_symbols(env)
             sizes = self.recording_sizes(env) if recording else env
             for launch, kernel_args in zip(self._launchers, self._call_args(inputs)):
                 launch(kernel_args, sizes)
@@ -252,10 +252,10 @@ class Executor:
         take their sizes from `env`)."""
         self._launchers[index](self._bound_args(index, inputs), env)
 
-    def kernel_buffer_args(self, index: int) -> list:
-        """Kernel `index`'s buffer arguments (output, then inputs): a fixed address as the
+    def kernel_addresses(self, index: int) -> list:
+        """Kernel `index`'s arguments (outputs, inputs, its symbol array): a fixed address as the
         backend's argument, or the name of the call input it reads."""
-        return self._args[index][:-1]
+        return self._args[index]
 
     def trace(self, *args) -> dict[str, np.ndarray]:
         """Run kernel by kernel and return every buffer a kernel wrote, by name, on the host."""

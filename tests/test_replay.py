@@ -23,8 +23,9 @@ class DeviceArray(np.ndarray):
 
 class RecordingCpuBackend(CpuBackend):
     # as CUDA's: kernels run through their launchers (which this backend records), never as one
-    # C call per region
+    # C call per region, and a prefill is recorded at each padded length
     region_runner = None
+    records_each_size = True
 
     def __init__(self):
         super().__init__()
@@ -42,7 +43,7 @@ class RecordingCpuBackend(CpuBackend):
         # as CuPy's: a device array is used as it is; a host one is copied to the device
         return array if isinstance(array, DeviceArray) else self.upload(super().input(array))
 
-    def is_device(self, array) -> bool:
+    def resident(self, array, written: bool) -> bool:
         return isinstance(array, DeviceArray)
 
     @staticmethod
@@ -81,7 +82,7 @@ def test_decode_replays_a_record_and_matches_a_plain_run():
     lm = lower_causal_lm(tiny_llama(2, seed=5), 24)
     replaying = CompiledGraph.untuned(lm.decode, RecordingCpuBackend())
     plain = CompiledGraph.untuned(lm.decode, CpuBackend())
-    assert replaying._replayable and not plain._replayable
+    assert replaying._replayable
     backend = replaying.backend
     zeros = [np.zeros(tuple(d.value for d in n.shape), n.dtype.np) for n in lm.decode.inputs[CACHES_START:]]
     rng = np.random.default_rng(0)
@@ -176,3 +177,40 @@ def test_finalists_are_timed_as_the_user_runs_them(tmp_path):
                                    fixed=fixed_symbols(read_inputs(graph))))
         assert measurer.end_to_end(layer.outputs, VARIANT) > 0
         assert backend.captures == 1
+
+
+def test_the_cpu_replays_a_decode_step_as_one_call_with_library_products_called_back():
+    """The CPU backend records a decode step's region calls and replays them with one C call; a
+    product its search gave numpy's BLAS is called back into Python from the replay. Each step
+    equals the reference interpreter's, the caller's caches are written in place, and one
+    recording serves every position (the window is a symbol the kernels read). A prefill, whose
+    prompt length a recording would fix, runs launched: the CPU pads no prompt."""
+    from kiln.codegen.kernel import KernelConfig
+    from kiln.codegen.library import LibraryConfig, as_gemm
+    from kiln.codegen.schedule import POLICIES, schedule
+    from kiln.ir import regions, run
+    from kiln.runtime.compiled import Choice, region_graph
+    lm = lower_causal_lm(tiny_llama(2, seed=9), 24)
+    graph, variant = lm.decode, next(iter(POLICIES))
+    choices = {}
+    for region in regions.split(graph):
+        program = schedule(region_graph(graph, region, region.outputs), POLICIES[variant])
+        configs = [LibraryConfig() if as_gemm(k) and not k.symbols else KernelConfig() for k in program.kernels]
+        choices.setdefault(region.key, Choice(region.outputs, variant, configs))
+    decode = CompiledGraph(graph, choices, CpuBackend())
+    assert decode.records and any(ex.runner.library_calls for ex in decode.executors)
+    assert not CompiledGraph.untuned(lm.prefill, CpuBackend()).records
+    rng = np.random.default_rng(4)
+    caches = [rng.standard_normal(tuple(d.value for d in n.shape)).astype(n.dtype.np)
+              for n in graph.inputs[CACHES_START:]]
+    theirs = [c.copy() for c in caches]
+    for pos in range(6):
+        args = decode_args(graph, rng.integers(0, 64, (1, 1)), pos, caches)
+        got = decode(*args)
+        want = run(graph, [*args[:CACHES_START], *theirs])
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+        assert all(g is c for g, c in zip(got[1:], caches)), "the caller's caches, written through"
+        for mine, reference in zip(caches, want[1:]):
+            np.testing.assert_allclose(mine, reference, rtol=1e-5, atol=1e-6)
+        theirs = [np.asarray(w) for w in want[1:]]
+    assert decode.replayed and len(decode._recordings) == 1
