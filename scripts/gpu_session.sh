@@ -3,6 +3,8 @@
 # diagnostics of small lowered models, then the side-by-side bench on the lowered Llama-3.2-1B
 # (arguments go to `kiln bench gpu`). Logs under $OUT. The tuning database lives in build/ (kept
 # while the machine stays warm), so a second call re-measures nothing.
+# The CUDA tests read tiny models this machine's torch cannot export from lowered/<tag>
+# (`python scripts/lower_test_cases.py`; carry lowered/heads64_bf16 at least).
 #   STEPS="tests debug compile bench gemv attention ncu long moe smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
 #   tests), TEST_TIMEOUT (each test),
 #   DEBUG_TIMEOUT, BENCH_TIMEOUT, LONG_TIMEOUT, CLI_TIMEOUT in seconds. `long` times decode as the
