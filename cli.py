@@ -123,21 +123,39 @@ def bench_frontend(models: tuple[str, ...], tokens: int, json_path: str | None) 
 @click.option("--arch", "archs", multiple=True, metavar="NAME",
               help="A transformers *ForCausalLM class to try (repeat for several; default: every one).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the rows here.")
+@click.option("--compile", "budget", metavar="BUDGET",
+              help="Also compile each model that lowers on the CPU backend within BUDGET (5s, 1m, ...; "
+                   "a tuning database of its own in a temporary folder) and hold its logits against eager's.")
 @_clean_errors
-def bench_coverage(archs: tuple[str, ...], json_path: str | None) -> None:
+def bench_coverage(archs: tuple[str, ...], json_path: str | None, budget: str | None) -> None:
     """Which transformers causal LMs lower: each built tiny from its default config, exported as
     ids -> logits, lowered and checked against eager in the reference interpreter; the first
     ATen op that stops each other one, ranked by how many it stops."""
     import dataclasses
     import json
+    import tempfile
     from .frontend.coverage import ranked_ops, sweep
-    rows = sweep(list(archs) or None, progress=lambda r: click.echo(
+    compile_fn = None
+    if budget is not None:
+        from .compiler.driver import compile as compile_module
+        from .search.budget import parse_budget
+        seconds, db = parse_budget(budget), tempfile.mkdtemp(prefix="kiln-coverage-")
+
+        def compile_fn(module, ids):
+            compiled = compile_module(module, (ids,), budget=seconds, db=f"{db}/tune.sqlite", progress=False)
+            return compiled(ids.numpy())
+    rows = sweep(list(archs) or None, compile_fn=compile_fn, progress=lambda r: click.echo(
         f"{r.arch:44s} {r.stage:9s} {r.detail or (f'max error {r.error:.1e}' if r.error is not None else '')}"
-        f"  ({r.seconds:.1f} s)"))
+        + (f", compiled {r.compiled_error:.1e}" if r.compiled_error is not None else "")
+        + f"  ({r.seconds:.1f} s)"))
     stages = {stage: sum(r.stage == stage for r in rows) for stage in ("lowered", "mismatch", "lower", "export", "build")}
     click.echo(f"\n{stages['lowered']} of {len(rows)} lower and match eager; " +
                ", ".join(f"{n} {stage}" for stage, n in stages.items() if n and stage != "lowered") +
                " (where each stopped: 'lower' an op without a lowering, 'mismatch' logits that differ)")
+    if budget is not None:
+        ran = [r for r in rows if r.compiled_error is not None]
+        click.echo(f"compiled on the CPU within {budget} each: {sum(r.compiled_error <= 1e-4 for r in ran)} of "
+                   f"{len(ran)} match eager (worst {max((r.compiled_error for r in ran), default=0):.1e})")
     for op, n in ranked_ops(rows):
         click.echo(f"  {n:3d}  {op}")
     if json_path:

@@ -11,6 +11,7 @@ import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -79,6 +80,7 @@ class Row:
     detail: str = ""      # the first ATen op that stopped it, or the error
     error: float | None = None     # the lowered logits against eager's, relative to their largest
     seconds: float = 0.0
+    compiled_error: float | None = None    # the compiled model's logits against eager's, where asked
 
 
 def architectures() -> list[str]:
@@ -178,7 +180,9 @@ class _Logits(torch.nn.Module):
         return self.model(input_ids=ids, use_cache=False).logits
 
 
-def check(arch: str) -> Row:
+def check(arch: str, compile_fn: Callable[[torch.nn.Module, torch.Tensor], np.ndarray] | None = None) -> Row:
+    """`compile_fn(module, ids)`: a model that lowers and matches is also compiled and run by it
+    (the caller's compiler: the frontend imports none), its logits held against eager's."""
     from ..ir import ExportError, KilnError, UnsupportedOp, run
     from ..ir.tensors import to_numpy
     from .lower import lower
@@ -202,13 +206,20 @@ def check(arch: str) -> Row:
     got = np.asarray(run(graph, [to_numpy(ids)])[0], dtype=np.float32)
     error = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30)) if got.shape == want.shape else np.inf
     stage = "lowered" if error <= 1e-4 else "mismatch"
-    return Row(arch, stage, error=error, seconds=time.monotonic() - start)
+    compiled_error = None
+    if compile_fn is not None and stage == "lowered":
+        with lowering_implementations(model), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = np.asarray(compile_fn(_Logits(model), ids), dtype=np.float32)
+        compiled_error = (float(np.abs(compiled - want).max() / max(np.abs(want).max(), 1e-30))
+                          if compiled.shape == want.shape else np.inf)
+    return Row(arch, stage, error=error, seconds=time.monotonic() - start, compiled_error=compiled_error)
 
 
-def sweep(archs: list[str] | None = None, progress=lambda row: None) -> list[Row]:
+def sweep(archs: list[str] | None = None, progress=lambda row: None, compile_fn=None) -> list[Row]:
     rows = []
     for arch in archs or architectures():
-        rows.append(check(arch))
+        rows.append(check(arch, compile_fn))
         progress(rows[-1])
     return rows
 

@@ -27,6 +27,17 @@ def test_sparse_attention_indexers_lower_and_match_eager_while_choosing_position
         assert row.stage == "lowered" and row.error < 1e-4, row
 
 
+def test_an_indexer_model_compiles_on_the_cpu_and_its_logits_match_eager(tmp_path):
+    """`kiln bench coverage --compile`: the model that lowered is compiled (the real search and C
+    kernels, a short budget) and run; its logits are held against eager's."""
+    import kiln
+
+    def compile_fn(module, ids):
+        return kiln.compile(module, (ids,), budget=3, db=tmp_path / "tune.sqlite", progress=False)(ids.numpy())
+    row = check("DeepseekV32ForCausalLM", compile_fn)
+    assert row.stage == "lowered" and row.compiled_error is not None and row.compiled_error < 1e-4, row
+
+
 def test_indexer_attention_reads_only_the_chosen_positions_and_equals_the_models_own():
     """Given its indexer's 4 of 7 positions, DeepSeek-V3.2's attention (and HY-V4's, with attention
     sinks) gathers 4 keys a query: eager through it equals the model's own dense attention under the
