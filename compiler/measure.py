@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 
 from ..codegen.kernel import Kernel, KernelConfig, arithmetic_ops, traffic_bytes
+from ..codegen.cuda_gemm import MmaConfig
 from ..codegen.library import LibraryConfig
 from ..codegen.schedule import POLICIES, Program, schedule
 from ..ir import Graph, Node
@@ -23,7 +24,10 @@ from ..search.tuner import Outcome
 
 TIMING_TARGET_S = 0.002      # per kernel and configuration: repeat until this much time is spent
 MAX_REPEATS = 50
-LIBRARY_PRUNE = 4            # a library call this much faster than the default ends a kernel's tuning
+LIBRARY_PRUNE = 4            # a library call or tensor-core product this much faster than the default ends a kernel's tuning
+# what a product's default (generated code on CUDA cores) is beside, always measured: the library
+# call and the tensor-core template (codegen/cuda_gemm.py)
+PRODUCT_CONFIGS = (LibraryConfig, MmaConfig)
 HOT_SHARE = 0.1              # past the deadline, a kernel with this share of its region's time is still tuned
 
 
@@ -54,6 +58,12 @@ class Region:
     def graph(self, outputs: list[Node]) -> Graph:
         return Graph(inputs=self.inputs, outputs=list(outputs), weights=self.weights,
                      symbols=self.symbols)
+
+
+def _always_measured(rows: list) -> list:
+    """A kernel's default configuration, its library calls and its first tensor-core tiling."""
+    mma = next((r for r in rows if isinstance(r[0], MmaConfig)), None)
+    return [r for r in rows if r is rows[0] or r is mma or isinstance(r[0], LibraryConfig)]
 
 
 class Measurer:
@@ -175,11 +185,11 @@ class Measurer:
             rows = [(c, *self.backend.render(kernel, c))
                     for c in kernel_space(self.backend, kernel, self._recorded, self.region.fixed)[:limit]]
             options.append((symbols, rows))
-        # past the deadline only the default (what the winner needs to run) and a library
-        # call are measured: one BLAS or cuBLAS call needs no compile, and what it saves on a
-        # large product (the vocabulary head: 56 ms generated, 0.4 ms in cuBLAS on the H200)
-        # must not depend on the budget; the choice still takes anything measured before
-        first = [[r for r in rows if r is rows[0] or isinstance(r[0], LibraryConfig)] for _, rows in options]
+        # past the deadline only the default (what the winner needs to run), a library call and
+        # the first tensor-core tiling are measured: what they save on a large product (the
+        # vocabulary head: 56 ms generated, 0.4 ms in cuBLAS on the H200) must not depend on the
+        # budget; the choice still takes anything measured before
+        first = [_always_measured(rows) for _, rows in options]
         self._measure_rows(executor, inputs, env, launch_args, options, first)
         rest = [[] if self._library_wins(symbols, rows) else rows for symbols, rows in options]
         if self.deadline is not None and self.deadline.expired:
@@ -206,10 +216,11 @@ class Measurer:
         return chosen
 
     def _library_wins(self, symbols: dict, rows: list) -> bool:
-        """Whether a kernel's library call was timed LIBRARY_PRUNE times faster than its default."""
+        """Whether a kernel's library call or tensor-core product was timed LIBRARY_PRUNE times
+        faster than its default."""
         def timed(c, name) -> float | None:
             return self.db.kernel_time(self.fingerprint, name, c.key(), symbols)
-        library = min(filter(None, (timed(c, n) for c, n, _ in rows if isinstance(c, LibraryConfig))), default=None)
+        library = min(filter(None, (timed(c, n) for c, n, _ in rows if isinstance(c, PRODUCT_CONFIGS))), default=None)
         default = timed(*rows[0][:2])
         return library is not None and default is not None and library * LIBRARY_PRUNE < default
 

@@ -16,6 +16,7 @@ from ..codegen.cuda_decode_attention import WARPS as DECODE_WARPS
 from ..codegen.cuda_decode_attention import DecodeAttentionConfig, emit_cuda_decode_attention
 from ..codegen.cuda_decode_attention import split_scratch as decode_scratch
 from ..codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda, points_per_thread, split_scratch
+from ..codegen.cuda_gemm import MmaConfig, as_tensor_gemm, emit_cuda_gemm, mma_space
 from ..codegen.kernel import Kernel, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
 from ..ir.dtypes import DType
@@ -75,6 +76,8 @@ class CudaBackend:
             draft = emit_cuda_attention(as_attention(kernel), config, "KERNEL")
         elif isinstance(config, DecodeAttentionConfig):
             draft = emit_cuda_decode_attention(as_attention(kernel), config, "KERNEL")
+        elif isinstance(config, MmaConfig):
+            draft = emit_cuda_gemm(as_tensor_gemm(kernel), config, "KERNEL")
         else:
             draft = emit_cuda(kernel, config, "KERNEL")
         name = f"k_{source_hash(draft)}"
@@ -85,10 +88,13 @@ class CudaBackend:
         """The template's configurations, and the cuBLAS call where one can take the product: at
         fixed sizes only where `plan` maps it to one call (the fallback, CuPy's matmul on f32
         copies, is slow and allocates, so it would keep decode from replaying a CUDA graph). Fused
-        attention's tilings only, for a kernel it takes."""
+        attention's tilings only, for a kernel it takes. A product (with or without an epilogue)
+        on tensor cores next (codegen/cuda_gemm.py), so that a short budget times it too."""
         if as_attention(kernel):
             return attention_space(kernel)
         space = with_library(config_space(kernel), kernel)
+        at = 2 if LibraryConfig() in space else 1
+        space = space[:at] + mma_space(kernel) + space[at:]
         gemm = as_gemm(kernel)
         # fixed sizes: no symbol at all (a last-position product has fixed extents but reads its
         # row at an offset the prompt length gives)
@@ -111,6 +117,8 @@ class CudaBackend:
             return AttentionConfig.from_json(data)
         if "decode_attention" in data:
             return DecodeAttentionConfig.from_json(data)
+        if "mma" in data:
+            return MmaConfig.from_json(data)
         return LibraryConfig(data["library"]) if "library" in data else CudaConfig.from_json(data)
 
     def compile(self, functions: dict[str, str]) -> dict[str, object]:
@@ -222,6 +230,8 @@ class CudaBackend:
             return _attention_launcher(fn, as_attention(kernel), config)
         if isinstance(config, DecodeAttentionConfig):
             return self._decode_attention_launcher(fn, as_attention(kernel), config)
+        if isinstance(config, MmaConfig):
+            return _mma_launcher(fn, as_tensor_gemm(kernel), config)
         # a row configuration's groups take rows (every loop but the last), any other's points
         extents = [e for _, e in (kernel.loops[:-1] if config.row else kernel.loops)]
         fixed = all(e.is_const for e in extents)
@@ -316,6 +326,16 @@ class CudaBackend:
         dst = self.cp.empty_like(src)
         times = self.time(lambda: dst.__setitem__(slice(None), src), 0.05, 20)
         return 2 * nbytes / sorted(times)[len(times) // 2]
+
+
+def _mma_launcher(fn, gemm, config: MmaConfig):
+    """A block per `config.rows` × `config.cols` tile of the output (codegen/cuda_gemm.py)."""
+    def launch(args, env):
+        tiles_m = -(-gemm.extent_m.evaluate(env) // config.rows)
+        if tiles_m > 65535:
+            raise KilnError(f"kiln: a tensor-core product of {tiles_m} row tiles: more than a grid holds")
+        fn((max(1, -(-gemm.extent_n.evaluate(env) // config.cols)), max(1, tiles_m)), (config.threads,), args)
+    return launch
 
 
 def _attention_launcher(fn, attention, config: AttentionConfig):

@@ -5,7 +5,7 @@
 # while the machine stays warm), so a second call re-measures nothing.
 # The CUDA tests read tiny models this machine's torch cannot export from lowered/<tag>
 # (`python scripts/lower_test_cases.py`; carry lowered/heads64_bf16 at least).
-#   STEPS="tests debug compile bench gemv attention ncu long moe smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
+#   STEPS="tests debug compile bench gemm gemv attention ncu long moe smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
 #   tests), TEST_TIMEOUT (each test),
 #   DEBUG_TIMEOUT, BENCH_TIMEOUT, LONG_TIMEOUT, CLI_TIMEOUT in seconds. `long` times decode as the
 #   context grows, from its own empty database, on lowered/llama1b-4096 (`kiln lower llama-3.2-1b
@@ -82,6 +82,9 @@ fi
 if [[ $steps == *bench* ]]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 -m kiln.cli bench gpu --lowered lowered/llama1b --db build/gpu-tune.sqlite \
     ${BENCH_ARTIFACT:+--artifact "$BENCH_ARTIFACT"} --json "$out/bench.json" "$@" 2>&1 | grep -v Warning | tee "$out/bench.log" | tail -25
+fi
+if [[ $steps == *gemm* ]]; then    # the tensor-core template's tilings beside cuBLAS, prefill's products
+  timeout "${GEMM_TIMEOUT:-240}" python3 scripts/gemm_table.py 2>&1 | grep -v Warning | tee "$out/gemm.log" | tail -60
 fi
 if [[ $steps == *gemv* ]]; then    # the per-kernel GEMV table: every template configuration, cuBLAS, copy
   timeout "${GEMV_TIMEOUT:-300}" python3 scripts/gemv_table.py 2>&1 | grep -v Warning | tee "$out/gemv.log" | tail -30

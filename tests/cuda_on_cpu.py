@@ -28,6 +28,7 @@ SHIM = r"""
 #define __launch_bounds__(n)
 #define __restrict__ __restrict
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 struct kiln_dim { unsigned x, y, z; };
 static thread_local kiln_dim threadIdx, blockIdx;
 static kiln_dim gridDim, blockDim;
@@ -68,6 +69,47 @@ static inline uint16_t kiln_bf16_store(float f) {
 }
 static inline float kiln_bf16_round(float f) { return kiln_bf16_load(kiln_bf16_store(f)); }
 static inline bool kiln_f2bool(float f) { return (__float_as_uint(f) << 1) != 0; }
+// the tensor-core product's warp instructions (codegen/cuda_gemm.py), by the PTX fragment layouts
+// of ldmatrix and mma.sync m16n8k16 (lane l: g = l / 4, t = l % 4); copies are synchronous
+#define KILN_GEMM_HELPERS
+static uint32_t kiln_fragments[1024][6];
+static inline void kiln_gemm_copy16(uint16_t* to, const uint16_t* from, bool in) {
+  if (in) memcpy(to, from, 16); else memset(to, 0, 16);
+}
+static inline void kiln_gemm_commit() {}
+static inline void kiln_gemm_wait_previous() {}
+static inline void kiln_gemm_ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const uint16_t* p) {
+  // matrix i's row r is at the address lane 8i + r gives; a lane holds row g's halves 2t, 2t + 1
+  uint32_t* regs[4] = {&r0, &r1, &r2, &r3};
+  const unsigned lane = threadIdx.x & 31u;
+  for (unsigned i = 0; i < 4; i++) {
+    const uint16_t* row = kiln_from_lane(0xffffffffu, p, 8 * i + lane / 4);
+    memcpy(regs[i], row + 2 * (lane % 4), 4);
+  }
+}
+static inline float kiln_fragment_half(unsigned lane, int reg, unsigned half) {
+  return kiln_bf16_load((uint16_t)(kiln_fragments[(threadIdx.x & ~31u) | lane][reg] >> (16 * half)));
+}
+static inline void kiln_gemm_mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  // A 16 x 16: a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..);
+  // B 16 x 8 (k, n): b0 (2t.., g), b1 (2t + 8.., g); C: c0, c1 (g, 2t..), c2, c3 (g + 8, 2t..)
+  const unsigned lane = threadIdx.x & 31u;
+  std::barrier<>* warp = kiln_warp_barriers[threadIdx.x / 32];
+  uint32_t mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
+  memcpy(kiln_fragments[threadIdx.x], mine, sizeof mine);
+  warp->arrive_and_wait();
+  for (int e = 0; e < 4; e++) {
+    const unsigned row = lane / 4 + (e >> 1) * 8, col = 2 * (lane % 4) + (e & 1);
+    float sum = c[e];
+    for (unsigned k = 0; k < 16; k++) {
+      const float x = kiln_fragment_half((row % 8) * 4 + (k % 8) / 2, (row >= 8) + 2 * (k >= 8), k % 2);
+      const float y = kiln_fragment_half(col * 4 + (k % 8) / 2, 4 + (k >= 8), k % 2);
+      sum += x * y;
+    }
+    c[e] = sum;
+  }
+  warp->arrive_and_wait();
+}
 """ + SHARED_HELPERS.replace("KILN_FN", "static inline")
 
 
@@ -76,9 +118,9 @@ def build(source: str, name: str, params: list[str], folder: Path):
     runs a grid of blocks, each of `threads` threads, one block after another."""
     args = ", ".join(f"({t})a[{i}]" for i, t in enumerate(params))
     launcher = f"""
-extern "C" void kiln_launch(void** a, unsigned grid, unsigned threads) {{
-  gridDim = {{grid, 1, 1}}; blockDim = {{threads, 1, 1}};
-  for (unsigned b = 0; b < grid; b++) {{
+extern "C" void kiln_launch(void** a, unsigned grid, unsigned threads, unsigned rows) {{
+  gridDim = {{grid, rows, 1}}; blockDim = {{threads, 1, 1}};
+  for (unsigned b = 0; b < grid * rows; b++) {{
     std::barrier<> block(threads);
     kiln_block_barrier = &block;
     std::vector<std::barrier<>*> warps;
@@ -86,7 +128,7 @@ extern "C" void kiln_launch(void** a, unsigned grid, unsigned threads) {{
     kiln_warp_barriers = warps;
     std::vector<std::thread> pool;
     for (unsigned t = 0; t < threads; t++)
-      pool.emplace_back([=] {{ threadIdx = {{t, 0, 0}}; blockIdx = {{b, 0, 0}}; {name}({args}); }});
+      pool.emplace_back([=] {{ threadIdx = {{t, 0, 0}}; blockIdx = {{b % grid, b / grid, 0}}; {name}({args}); }});
     for (auto& th : pool) th.join();
     for (auto* w : warps) delete w;
   }}
@@ -102,6 +144,7 @@ extern "C" void kiln_launch(void** a, unsigned grid, unsigned threads) {{
     return ctypes.CDLL(str(lib))
 
 
-def launch(lib, arrays: list[np.ndarray], grid: int, threads: int) -> None:
+def launch(lib, arrays: list[np.ndarray], grid: int, threads: int, rows: int = 1) -> None:
+    """A grid of `grid` × `rows` blocks (blockIdx.x, blockIdx.y) of `threads` threads."""
     pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-    lib.kiln_launch(pointers, ctypes.c_uint(grid), ctypes.c_uint(threads))
+    lib.kiln_launch(pointers, ctypes.c_uint(grid), ctypes.c_uint(threads), ctypes.c_uint(rows))
