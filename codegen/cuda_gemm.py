@@ -4,9 +4,12 @@ E of one matrix product, out[m, n] = E(Σ_k a[m, k] · b[n, k], loads at (m, n))
 cast must not force a product off the tensor cores, where the library call cannot take E).
 
 A block computes a `rows` × `cols` tile of the output, its warps a grid of sub-tiles; the k axis
-is walked 32 at a time, each step's tiles of a and b staged in shared memory by cp.async two
-buffers deep (the next step's arrive while this one computes) and read through ldmatrix into
-mma.sync m16n8k16 (f16/bf16 in, f32 accumulate). At the end each lane holds its accumulators'
+is walked 32 at a time, each step's tiles of a and b staged in shared memory by cp.async several
+buffers deep (the steps ahead arrive while this one computes: a step's products take a few hundred
+cycles, a load from memory more) and read through ldmatrix into mma.sync m16n8k16 (f16/bf16 in,
+f32 accumulate). A staged row is 64 bytes, its four 16-byte chunks permuted by the row (XOR
+swizzle) so that ldmatrix's eight rows fall in distinct banks without padding: three stages of
+128 × 128 fit the 48 KB a block holds without opting in to more. At the end each lane holds its accumulators'
 points and computes E there, with the C body renderer: whatever E the model has is computed as
 the interpreter computes it."""
 from __future__ import annotations
@@ -22,42 +25,45 @@ from .c_emit import COMPUTE, STORAGE, index_code, store_code
 from .kernel import Apply, Kernel, Reduce, nodes
 from .library import Operand, as_gemm
 
-STEP = 32            # k per staged step
-_PAD = 8             # halves past each staged row: ldmatrix's eight rows fall in distinct banks
-_PITCH = STEP + _PAD
+STEP = 32            # k per staged step: a staged row is 64 bytes, four 16-byte chunks
+SHARED_BYTES = 48 * 1024      # what a block may hold without opting in to more
 _MMA = {DType.BF16: "bf16", DType.F16: "f16"}
 
 
 @dataclass(frozen=True)
 class MmaConfig:
-    """A block's output tile (`rows` × `cols`) and its warps' grid over it (`warps_m` × `warps_n`,
-    each warp's sub-tile a multiple of 16 both ways)."""
+    """A block's output tile (`rows` × `cols`), its warps' grid over it (`warps_m` × `warps_n`,
+    each warp's sub-tile a multiple of 16 both ways) and how many steps of k are staged at once."""
     rows: int = 128
     cols: int = 128
     warps_m: int = 2
-    warps_n: int = 4
+    warps_n: int = 2
+    stages: int = 3
 
     @property
     def threads(self) -> int:
         return 32 * self.warps_m * self.warps_n
 
     def key(self) -> str:
-        return f"mma-m{self.rows}-n{self.cols}-w{self.warps_m}x{self.warps_n}"
+        return f"mma-m{self.rows}-n{self.cols}-w{self.warps_m}x{self.warps_n}-s{self.stages}"
 
     def to_json(self) -> dict:
-        return {"mma": [self.rows, self.cols, self.warps_m, self.warps_n]}
+        return {"mma": [self.rows, self.cols, self.warps_m, self.warps_n, self.stages]}
 
     @staticmethod
     def from_json(data: dict) -> MmaConfig:
         return MmaConfig(*(int(x) for x in data["mma"]))
 
 
-# large tiles for long prompts, small ones where few rows would leave most of the GPU idle
-MMA_SPACE = (MmaConfig(128, 128, 2, 4), MmaConfig(64, 128, 2, 2), MmaConfig(64, 64, 2, 2))
-
-
 def shared_bytes(config: MmaConfig) -> int:
-    return 2 * (config.rows + config.cols) * _PITCH * 2
+    return config.stages * (config.rows + config.cols) * STEP * 2
+
+
+# large tiles for long prompts (a warp's 64 × 64 reads each fragment for 8 products), small ones
+# where few rows would leave most of the GPU idle
+MMA_SPACE = tuple(c for c in (MmaConfig(128, 128, 2, 2, 3), MmaConfig(128, 128, 2, 4, 3),
+                              MmaConfig(64, 128, 2, 2, 4), MmaConfig(64, 64, 2, 2, 4))
+                  if shared_bytes(c) <= SHARED_BYTES)
 
 
 @dataclass(frozen=True)
@@ -119,54 +125,63 @@ def mma_space(kernel: Kernel) -> list[MmaConfig]:
 def emit_cuda_gemm(g: TensorGemm, config: MmaConfig, name: str) -> str:
     kernel = g.kernel
     wm, wn = config.rows // config.warps_m, config.cols // config.warps_n
-    if wm % 16 or wn % 16:
-        raise ValueError(f"config {config.key()}: each warp's tile must be a multiple of 16 both ways")
-    mt, nt = wm // 16, wn // 8
+    if wm % 16 or wn % 16 or config.stages < 2:
+        raise ValueError(f"config {config.key()}: each warp's tile must be a multiple of 16 both ways, "
+                         "and at least two steps staged")
+    mt, nt, stages = wm // 16, wn // 8, config.stages
     params = [f"{STORAGE[kernel.output.dtype]}* __restrict__ {kernel.output.name}"]
     params += [f"const {STORAGE[b.dtype]}* __restrict__ {b.name}" for b in kernel.inputs]
     params.append("const int64_t* __restrict__ kiln_sym")
     out = [f'extern "C" __global__ void __launch_bounds__({config.threads}) {name}({", ".join(params)}) {{']
     body = [f"const int64_t {s} = kiln_sym[{i}];" for i, s in enumerate(kernel.symbols)]
-    body += [f"__shared__ __align__(16) uint16_t kiln_as[2][{config.rows * _PITCH}], kiln_bs[2][{config.cols * _PITCH}];",
+    body += [f"__shared__ __align__(16) uint16_t kiln_as[{stages}][{config.rows * STEP}], "
+             f"kiln_bs[{stages}][{config.cols * STEP}];",
              "const int kiln_warp = threadIdx.x / 32, kiln_lane = threadIdx.x % 32;",
              "const int kiln_g = kiln_lane >> 2, kiln_t = kiln_lane & 3;",
              f"const int64_t kiln_nm = {index_code(g.extent_m)}, kiln_nn = {index_code(g.extent_n)};",
              f"const int64_t kiln_m0 = (int64_t)blockIdx.y * {config.rows}, kiln_n0 = (int64_t)blockIdx.x * {config.cols};",
              f"const int kiln_wm = (kiln_warp / {config.warps_n}) * {wm}, kiln_wn = (kiln_warp % {config.warps_n}) * {wn};",
              f"float kiln_acc[{mt}][{nt}][4] = {{}};",
-             f"const int kiln_steps = {-(-g.depth // STEP)};"]
-    body += _stage(g, config, "0", "0")
-    body += ["kiln_gemm_commit();",
-             "for (int kiln_step = 0; kiln_step < kiln_steps; kiln_step++) {",
-             "  const int kiln_buf = kiln_step & 1;",
-             "  if (kiln_step + 1 < kiln_steps) {",
-             *("    " + x for x in _stage(g, config, f"(int64_t)(kiln_step + 1) * {STEP}", "kiln_buf ^ 1")),
+             f"const int kiln_steps = {-(-g.depth // STEP)};",
+             # the steps before the first, one commit each (empty past the last step: the count of
+             # groups a wait leaves pending stays the same at every step)
+             "#pragma unroll",
+             f"for (int kiln_ahead = 0; kiln_ahead < {stages - 1}; kiln_ahead++) {{",
+             "  if (kiln_ahead < kiln_steps) {",
+             *("    " + x for x in _stage(g, config, f"(int64_t)kiln_ahead * {STEP}", "kiln_ahead")),
              "  }",
              "  kiln_gemm_commit();",
-             "  kiln_gemm_wait_previous();",
-             "  __syncthreads();",
-             "  const uint16_t* kiln_at = kiln_as[kiln_buf];",
-             "  const uint16_t* kiln_bt = kiln_bs[kiln_buf];",
+             "}",
+             "for (int kiln_step = 0; kiln_step < kiln_steps; kiln_step++) {",
+             f"  kiln_gemm_wait<{stages - 2}>();   // this step's copies have landed (this thread's)",
+             "  __syncthreads();   // everyone's; and every warp is done with the buffer refilled next",
+             f"  const int kiln_next = kiln_step + {stages - 1};",
+             "  if (kiln_next < kiln_steps) {",
+             *("    " + x for x in _stage(g, config, f"(int64_t)kiln_next * {STEP}", f"kiln_next % {stages}")),
+             "  }",
+             "  kiln_gemm_commit();",
+             f"  const uint16_t* kiln_at = kiln_as[kiln_step % {stages}];",
+             f"  const uint16_t* kiln_bt = kiln_bs[kiln_step % {stages}];",
              "  #pragma unroll",
              f"  for (int kiln_kk = 0; kiln_kk < {STEP // 16}; kiln_kk++) {{",
              f"    uint32_t kiln_fa[{mt}][4], kiln_fb[{nt}][2];",
              "    #pragma unroll",
              f"    for (int kiln_i = 0; kiln_i < {mt}; kiln_i++)",
-             f"      kiln_gemm_ldsm_x4(kiln_fa[kiln_i][0], kiln_fa[kiln_i][1], kiln_fa[kiln_i][2], kiln_fa[kiln_i][3],",
-             f"                        &kiln_at[(kiln_wm + kiln_i * 16 + (kiln_lane & 15)) * {_PITCH} + kiln_kk * 16 + (kiln_lane >> 4) * 8]);",
+             "      kiln_gemm_ldsm_x4(kiln_fa[kiln_i][0], kiln_fa[kiln_i][1], kiln_fa[kiln_i][2], kiln_fa[kiln_i][3],",
+             "                        &kiln_at[kiln_swizzled(kiln_wm + kiln_i * 16 + (kiln_lane & 15), "
+             "kiln_kk * 2 + (kiln_lane >> 4))]);",
              "    #pragma unroll",
              f"    for (int kiln_j = 0; kiln_j < {nt // 2}; kiln_j++)",
              "      kiln_gemm_ldsm_x4(kiln_fb[2 * kiln_j][0], kiln_fb[2 * kiln_j][1], kiln_fb[2 * kiln_j + 1][0],",
              "                        kiln_fb[2 * kiln_j + 1][1],",
-             f"                        &kiln_bt[(kiln_wn + kiln_j * 16 + (kiln_lane & 7) + ((kiln_lane >> 4) << 3)) * {_PITCH}"
-             " + kiln_kk * 16 + ((kiln_lane >> 3) & 1) * 8]);",
+             "                        &kiln_bt[kiln_swizzled(kiln_wn + kiln_j * 16 + (kiln_lane & 7) + ((kiln_lane >> 4) << 3), "
+             "kiln_kk * 2 + ((kiln_lane >> 3) & 1))]);",
              "    #pragma unroll",
              f"    for (int kiln_i = 0; kiln_i < {mt}; kiln_i++)",
              "      #pragma unroll",
              f"      for (int kiln_j = 0; kiln_j < {nt}; kiln_j++)",
              f"        kiln_gemm_mma_{_MMA[g.dtype]}(kiln_acc[kiln_i][kiln_j], kiln_fa[kiln_i], kiln_fb[kiln_j][0], kiln_fb[kiln_j][1]);",
              "  }",
-             "  __syncthreads();   // every warp is done with this buffer before the next step refills it",
              "}"]
     body += _epilogue(g, mt, nt)
     out += ["  " + line for line in body]
@@ -183,10 +198,10 @@ def _stage(g: TensorGemm, config: MmaConfig, first: str, buffer: str) -> list[st
         row_var = g.m if operand is g.a else g.n
         row_stride = index_code(operand.strides[row_var])
         lines += [f"for (int kiln_c = threadIdx.x; kiln_c < {tile * STEP // 8}; kiln_c += {config.threads}) {{",
-                  f"  const int kiln_r = kiln_c / {STEP // 8}, kiln_x = (kiln_c % {STEP // 8}) * 8;",
-                  f"  const int64_t kiln_row = {origin} + kiln_r, kiln_k = {first} + kiln_x;",
+                  f"  const int kiln_r = kiln_c / {STEP // 8}, kiln_x = kiln_c % {STEP // 8};",
+                  f"  const int64_t kiln_row = {origin} + kiln_r, kiln_k = {first} + kiln_x * 8;",
                   f"  const bool kiln_in = kiln_row < {extent} && kiln_k < {g.depth};",
-                  f"  kiln_gemm_copy16(&{dest}[{buffer}][kiln_r * {_PITCH} + kiln_x], {operand.buffer} + (kiln_in ? "
+                  f"  kiln_gemm_copy16(&{dest}[{buffer}][kiln_swizzled(kiln_r, kiln_x)], {operand.buffer} + (kiln_in ? "
                   f"({index_code(operand.offset)}) + kiln_row * ({row_stride}) + kiln_k : 0), kiln_in);",
                   "}"]
     return lines
@@ -219,6 +234,13 @@ def _epilogue(g: TensorGemm, mt: int, nt: int) -> list[str]:
 
 
 _HELPERS = r"""
+#ifndef KILN_GEMM_SWIZZLE
+#define KILN_GEMM_SWIZZLE
+// the element offset of 16-byte chunk `chunk` (of four) of staged row `row`: chunks permuted by
+// the row, so that eight consecutive rows' same chunk lie in eight distinct groups of banks
+__device__ __forceinline__ int kiln_swizzled(int row, int chunk) { return row * 32 + ((chunk ^ ((row >> 1) & 3)) << 3); }
+#endif
+// the PTX the template uses (tests/cuda_on_cpu.py emulates these on the CPU)
 #ifndef KILN_GEMM_HELPERS
 #define KILN_GEMM_HELPERS
 __device__ __forceinline__ void kiln_gemm_mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
@@ -236,8 +258,8 @@ __device__ __forceinline__ void kiln_gemm_copy16(uint16_t* to, const uint16_t* f
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s), "l"(from), "r"(in ? 16 : 0));
 }
 __device__ __forceinline__ void kiln_gemm_commit() { asm volatile("cp.async.commit_group;"); }
-// every copy requested before the latest commit has landed (this thread's; a barrier makes all)
-__device__ __forceinline__ void kiln_gemm_wait_previous() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+// at most N of this thread's committed groups still pending (a barrier after makes it everyone's)
+template <int N> __device__ __forceinline__ void kiln_gemm_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
 __device__ __forceinline__ void kiln_gemm_ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
                                                   const uint16_t* p) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(p);

@@ -77,7 +77,7 @@ static inline void kiln_gemm_copy16(uint16_t* to, const uint16_t* from, bool in)
   if (in) memcpy(to, from, 16); else memset(to, 0, 16);
 }
 static inline void kiln_gemm_commit() {}
-static inline void kiln_gemm_wait_previous() {}
+template <int N> static inline void kiln_gemm_wait() {}
 static inline void kiln_gemm_ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const uint16_t* p) {
   // matrix i's row r is at the address lane 8i + r gives; a lane holds row g's halves 2t, 2t + 1
   uint32_t* regs[4] = {&r0, &r1, &r2, &r3};
