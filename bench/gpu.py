@@ -22,6 +22,7 @@ from ..ir.decode import decode_args, window_length
 
 AT_POSITION_TOKENS = 32      # decode steps timed from each position asked for (after 4 of warm-up)
 SHORT_PROMPT = 32            # the short prompt whose time to first token is measured
+LONG_PROMPT = 2048           # ... and the long one's, where max_seq holds it
 
 
 def _decode_rate(step, tokens: int, warmup: int = 4) -> float:
@@ -185,6 +186,13 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
     result["kiln_report"] = compiled.report
     _log(result, json_path, "kiln_prefill_first_call_s", "kiln_prefill_tokens_per_s",
          "kiln_short_prompt_first_call_s", "kiln_short_prompt_s")
+    long_prompt = (rng.integers(0, model.config.vocab_size, size=(1, LONG_PROMPT))
+                   if max_seq > LONG_PROMPT else None)
+    if long_prompt is not None:
+        result["long_prompt_tokens"] = LONG_PROMPT
+        result["kiln_long_prompt_first_call_s"] = _first_call_s(lambda: compiled.prefill(long_prompt))
+        result["kiln_long_prompt_s"] = _call_s(lambda: compiled.prefill(long_prompt))
+        _log(result, json_path, "kiln_long_prompt_first_call_s", "kiln_long_prompt_s")
     for line in _slowest_kernels(compiled.report["graphs"].get("decode", {})):
         print("   ", line, flush=True)
 
@@ -225,6 +233,11 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
     with torch.no_grad():
         result["eager_short_prompt_s"] = _call_s(lambda: gpu_model(input_ids=short_prompt, use_cache=False, **keep))
     _log(result, json_path, "eager_decode_tokens_per_s", "eager_prefill_tokens_per_s", "eager_short_prompt_s")
+    if long_prompt is not None:
+        torch_long = torch.tensor(long_prompt, device="cuda")
+        with torch.no_grad():
+            result["eager_long_prompt_s"] = _call_s(lambda: gpu_model(input_ids=torch_long, use_cache=False, **keep))
+        _log(result, json_path, "eager_long_prompt_s")
     result["kiln_vs_eager_rel_error"] = _rel_error(kiln_logits, eager_logits)
     if dtype != "float32":   # whose rounding the gap is: both against the same steps in fp32
         reference = _fp32_logits(gpu_model, cache, ids, start_pos, len(eager_logits))
@@ -257,6 +270,15 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
             result["torch_compile_short_prompt_s"] = _call_s(
                 lambda: short_model(input_ids=short_prompt, use_cache=False, **keep))
         _log(result, json_path, "torch_compile_short_prompt_compile_s", "torch_compile_short_prompt_s")
+        if long_prompt is not None:    # the long prompt's, specialized to its length the same way
+            t0 = time.perf_counter()
+            long_model = torch.compile(gpu_model, mode="max-autotune", fullgraph=False, dynamic=False)
+            with torch.no_grad():
+                long_model(input_ids=torch_long, use_cache=False, **keep)
+                result["torch_compile_long_prompt_compile_s"] = time.perf_counter() - t0
+                result["torch_compile_long_prompt_s"] = _call_s(
+                    lambda: long_model(input_ids=torch_long, use_cache=False, **keep))
+            _log(result, json_path, "torch_compile_long_prompt_compile_s", "torch_compile_long_prompt_s")
 
     bound = result["bandwidth_bound_tokens_per_s"]
     for system in ("eager", "torch_compile", "kiln"):
@@ -406,6 +428,11 @@ def run_gpu_bench(spec: str, dtype: str, tokens: int, budget: str, max_seq: int,
               f"prompt {r['kiln_short_prompt_first_call_s'] * 1e3:.1f} ms first, {r['kiln_short_prompt_s'] * 1e3:.2f} ms "
               f"later, eager {r.get('eager_short_prompt_s', float('nan')) * 1e3:.2f} ms, torch.compile "
               f"{r.get('torch_compile_short_prompt_s', float('nan')) * 1e3:.2f} ms")
+    if "kiln_long_prompt_s" in r:
+        print(f"  kiln prefill: a {r['long_prompt_tokens']}-token prompt {r['kiln_long_prompt_first_call_s'] * 1e3:.1f} ms "
+              f"first, {r['kiln_long_prompt_s'] * 1e3:.2f} ms later, eager "
+              f"{r.get('eager_long_prompt_s', float('nan')) * 1e3:.2f} ms, torch.compile "
+              f"{r.get('torch_compile_long_prompt_s', float('nan')) * 1e3:.2f} ms")
     if json_path:
         _write_json(r, json_path)
         print(f"wrote {json_path} and {_chart(r, json_path.removesuffix('.json') + '.png')}")

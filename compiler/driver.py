@@ -28,7 +28,7 @@ from .progress import CompileDisplay
 from .worker import IsolatedEvaluate
 
 TUNE_SEQ = 32             # the prompt length decode's caches come from, and prefill's first bucket
-LONG_PROMPT = 512         # ... and the length of the second prefill bucket (where max_seq has room)
+LONG_PROMPTS = (512, 2048)   # ... and the lengths of the longer prefill buckets (where max_seq has room)
 DECODE_SHARE = 0.6        # of the budget: decode is what serving repeats
 DEFAULT_BUDGET_S = 600.0
 LONG_CONTEXT = 1024       # decode from this position on runs a program tuned on a long context
@@ -227,11 +227,15 @@ def _compile_lowered(model, lowered, *, deadline: Deadline, backend: str, runner
 
 def prefill_buckets(max_seq: int) -> dict[str, int]:
     """The prefill programs a causal LM gets, by graph name, with the prompt length each is tuned
-    at: "prefill" at TUNE_SEQ, and "prefill_N" at N = min(LONG_PROMPT, max_seq - 1) when that is
-    at least four times longer."""
-    short = max(2, min(TUNE_SEQ, max_seq - 1))
-    long = min(LONG_PROMPT, max_seq - 1)
-    return {"prefill": short, **({f"prefill_{long}": long} if long >= 4 * short else {})}
+    at: "prefill" at TUNE_SEQ, then "prefill_N" at N = min(L, max_seq - 1) for each of
+    LONG_PROMPTS where that is at least four times the bucket before (a 2,048-token prompt's
+    attention and products choose otherwise than a 512-token one's)."""
+    buckets = {"prefill": max(2, min(TUNE_SEQ, max_seq - 1))}
+    for length in LONG_PROMPTS:
+        n = min(length, max_seq - 1)
+        if n >= 4 * max(buckets.values()):
+            buckets[f"prefill_{n}"] = n
+    return buckets
 
 
 def decode_buckets(max_seq: int) -> dict[str, tuple[int, int]]:

@@ -453,6 +453,8 @@ def test_prefill_buckets_follow_max_seq():
     assert prefill_buckets(48) == {"prefill": 32}                  # no room for a long bucket
     assert prefill_buckets(256) == {"prefill": 32, "prefill_255": 255}
     assert prefill_buckets(704) == {"prefill": 32, "prefill_512": 512}
+    assert prefill_buckets(1500) == {"prefill": 32, "prefill_512": 512}    # 1,499 is not 4 x 512
+    assert prefill_buckets(4096) == {"prefill": 32, "prefill_512": 512, "prefill_2048": 2048}
     assert prefill_buckets(16) == {"prefill": 15}
 
 
