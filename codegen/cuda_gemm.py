@@ -143,12 +143,13 @@ def emit_cuda_gemm(g: TensorGemm, config: MmaConfig, name: str) -> str:
              f"const int kiln_wm = (kiln_warp / {config.warps_n}) * {wm}, kiln_wn = (kiln_warp % {config.warps_n}) * {wn};",
              f"float kiln_acc[{mt}][{nt}][4] = {{}};",
              f"const int kiln_steps = {-(-g.depth // STEP)};",
+             *_sources(g, config),
              # the steps before the first, one commit each (empty past the last step: the count of
              # groups a wait leaves pending stays the same at every step)
              "#pragma unroll",
              f"for (int kiln_ahead = 0; kiln_ahead < {stages - 1}; kiln_ahead++) {{",
              "  if (kiln_ahead < kiln_steps) {",
-             *("    " + x for x in _stage(g, config, f"(int64_t)kiln_ahead * {STEP}", "kiln_ahead")),
+             *("    " + x for x in _stage(g, config, "kiln_ahead", "kiln_ahead")),
              "  }",
              "  kiln_gemm_commit();",
              "}",
@@ -157,7 +158,7 @@ def emit_cuda_gemm(g: TensorGemm, config: MmaConfig, name: str) -> str:
              "  __syncthreads();   // everyone's; and every warp is done with the buffer refilled next",
              f"  const int kiln_next = kiln_step + {stages - 1};",
              "  if (kiln_next < kiln_steps) {",
-             *("    " + x for x in _stage(g, config, f"(int64_t)kiln_next * {STEP}", f"kiln_next % {stages}")),
+             *("    " + x for x in _stage(g, config, "kiln_next", f"kiln_next % {stages}")),
              "  }",
              "  kiln_gemm_commit();",
              f"  const uint16_t* kiln_at = kiln_as[kiln_step % {stages}];",
@@ -189,22 +190,51 @@ def emit_cuda_gemm(g: TensorGemm, config: MmaConfig, name: str) -> str:
     return _HELPERS + "\n".join(out) + "\n"
 
 
-def _stage(g: TensorGemm, config: MmaConfig, first: str, buffer: str) -> list[str]:
-    """Request the step's tiles of a and b (starting at k = `first`) into shared buffer `buffer`,
-    16 bytes a copy; zeros past the last row or k (a zero adds nothing to a sum of products)."""
+def _operands(g: TensorGemm, config: MmaConfig):
+    """Per operand: its name in the code, its operand, its staged tile's rows, where its rows
+    start, how many there are, its shared array."""
+    return (("a", g.a, config.rows, "kiln_m0", "kiln_nm", "kiln_as"),
+            ("b", g.b, config.cols, "kiln_n0", "kiln_nn", "kiln_bs"))
+
+
+def _sources(g: TensorGemm, config: MmaConfig) -> list[str]:
+    """This thread's 16-byte chunks of each staged tile, the same at every step but for k: each
+    chunk's row's start (null past the last row) and its place in the swizzled tile; its column
+    in a step is the thread's (`kiln_col`).
+    Computed once, so that a step's staging is a few integer ops a copy."""
     lines = []
-    for operand, tile, origin, extent, dest in ((g.a, config.rows, "kiln_m0", "kiln_nm", "kiln_as"),
-                                                (g.b, config.cols, "kiln_n0", "kiln_nn", "kiln_bs")):
+    for tag, operand, tile, origin, extent, _ in _operands(g, config):
+        chunks = tile * STEP // 8
+        if chunks % config.threads:
+            raise ValueError(f"config {config.key()}: {chunks} chunks of a staged tile among {config.threads} threads")
+        per = chunks // config.threads
         row_var = g.m if operand is g.a else g.n
-        row_stride = index_code(operand.strides[row_var])
-        lines += [f"for (int kiln_c = threadIdx.x; kiln_c < {tile * STEP // 8}; kiln_c += {config.threads}) {{",
-                  f"  const int kiln_r = kiln_c / {STEP // 8}, kiln_x = kiln_c % {STEP // 8};",
-                  f"  const int64_t kiln_row = {origin} + kiln_r, kiln_k = {first} + kiln_x * 8;",
-                  f"  const bool kiln_in = kiln_row < {extent} && kiln_k < {g.depth};",
-                  f"  kiln_gemm_copy16(&{dest}[{buffer}][kiln_swizzled(kiln_r, kiln_x)], {operand.buffer} + (kiln_in ? "
-                  f"({index_code(operand.offset)}) + kiln_row * ({row_stride}) + kiln_k : 0), kiln_in);",
+        lines += [f"const uint16_t* kiln_{tag}_src[{per}];",
+                  f"int kiln_{tag}_at[{per}];",
+                  "#pragma unroll",
+                  f"for (int kiln_u = 0; kiln_u < {per}; kiln_u++) {{",
+                  f"  const int kiln_r = (threadIdx.x + kiln_u * {config.threads}) / {STEP // 8};",
+                  f"  const int64_t kiln_row = {origin} + kiln_r;",
+                  f"  kiln_{tag}_src[kiln_u] = kiln_row < {extent} ? {operand.buffer} + ({index_code(operand.offset)}) + "
+                  f"kiln_row * ({index_code(operand.strides[row_var])}) : nullptr;",
+                  f"  kiln_{tag}_at[kiln_u] = kiln_swizzled(kiln_r, threadIdx.x % {STEP // 8});",
                   "}"]
+    lines.append(f"const int kiln_col = (threadIdx.x % {STEP // 8}) * 8;    // the k of this thread's chunks in a step")
     return lines
+
+
+def _stage(g: TensorGemm, config: MmaConfig, step: str, buffer: str) -> list[str]:
+    """Request step `step`'s tiles of a and b into shared buffer `buffer`, 16 bytes a copy; zeros
+    past the last row or k (a zero adds nothing to a sum of products)."""
+    lines = [f"const int kiln_k = {step} * {STEP} + kiln_col;"]
+    for tag, operand, tile, _, _, dest in _operands(g, config):
+        lines += ["#pragma unroll",
+                  f"for (int kiln_u = 0; kiln_u < {tile * STEP // 8 // config.threads}; kiln_u++) {{",
+                  f"  const bool kiln_in = kiln_{tag}_src[kiln_u] != nullptr && kiln_k < {g.depth};",
+                  f"  kiln_gemm_copy16(&{dest}[{buffer}][kiln_{tag}_at[kiln_u]], "
+                  f"kiln_in ? kiln_{tag}_src[kiln_u] + kiln_k : {operand.buffer}, kiln_in);",
+                  "}"]
+    return ["{", *("  " + x for x in lines), "}"]
 
 
 def _epilogue(g: TensorGemm, mt: int, nt: int) -> list[str]:
