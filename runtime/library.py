@@ -19,6 +19,7 @@ class ArrayInterop:
     flat: Callable[[Any, DType, int], Any]               # (launch argument, dtype, elements) -> 1-D array
     to_f32: Callable[[Any, DType], Any]                  # a typed view -> float32 values
     from_f32: Callable[[Any, DType], Any]                # float32 values -> what the buffer stores
+    matmul: Callable[[Any, Any], Any] | None = None      # the product of two f32 arrays; xp's by default
 
 
 class LibraryKernel:
@@ -47,5 +48,5 @@ class LibraryKernel:
         m, n, k = (math.prod(extent[v] for v in group) for group in (g.m, g.n, g.k))
         a = io.to_f32(view(g.a, (*g.batch, *g.m, *g.k)), g.a.dtype).reshape(*batch, m, k)
         b = io.to_f32(view(g.b, (*g.batch, *g.k, *g.n)), g.b.dtype).reshape(*batch, k, n)
-        product = io.xp.matmul(a, b).reshape([extent[v] for v in (*g.batch, *g.m, *g.n)])
+        product = (io.matmul or io.xp.matmul)(a, b).reshape([extent[v] for v in (*g.batch, *g.m, *g.n)])
         view(g.out, (*g.batch, *g.m, *g.n))[...] = io.from_f32(product, g.out.dtype)
