@@ -4,7 +4,8 @@ one. Between two kernels of a step that costs nothing; but a library call (numpy
 follows splits its work among threads of its own (runtime/cpu.py), and a spinning OpenMP thread
 takes the core one of them needs: SmolLM2's 64-token prefill on this 2-core VM ran 268 ms with
 one BLAS thread, 342 ms split over two beside the spinners, 213 ms with the spin bounded
-(GOMP_SPINCOUNT=10000), decode unchanged (about 20 ms a step either way). libgomp reads its
+(GOMP_SPINCOUNT=10000; scripts/cpu_blas_split.py), decode unchanged (about 20 ms a step either
+way). libgomp reads its
 environment once, when it loads (with torch, or with the first compiled kernel): `import kiln`
 sets the bound where nothing has loaded it yet, and says whether the bound holds."""
 from __future__ import annotations
