@@ -37,9 +37,11 @@ if [ -d build/carry ]; then
 fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
 if [[ $steps == *tests* ]]; then   # one test at a time, so that one that hangs loses only itself
-  for test in $(grep -A2 '^@needs_gpu' tests/test_cuda.py | grep -o 'def test_[a-z0-9_]*' | cut -c5- | grep -E "${TESTS:-.}"); do
-    timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -p no:logging -rs --tb=short \
-      "tests/test_cuda.py::$test" 2>&1 | tee -a "$out/tests-full.log" | tail -25 | tee -a "$out/test_cuda.log"
+  for file in tests/test_cuda*.py; do
+    for test in $(grep -A2 '^@needs_gpu' "$file" | grep -o 'def test_[a-z0-9_]*' | cut -c5- | grep -E "${TESTS:-.}"); do
+      timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -p no:logging -rs --tb=short \
+        "$file::$test" 2>&1 | tee -a "$out/tests-full.log" | tail -25 | tee -a "$out/test_cuda.log"
+    done
   done
 fi
 if [[ $steps == *debug* ]]; then
