@@ -4,7 +4,9 @@ a Llama-3.2-1B prefill layer (x [M, K] bf16 times a [N, K] bf16 weight) at promp
 h = r + bf16(x wᵀ)), every tensor-core tiling (codegen/cuda_gemm.py) and Kiln's cuBLAS call timed
 as prefill runs kernels (launches replayed in a CUDA graph, weights rotated past the L2 cache),
 beside torch.matmul (cuBLAS), and for the epilogue torch's matmul then add.
-Usage on the GPU machine: python3 scripts/gemm_table.py  (prints the table; JSON to $OUT/gemm.json)"""
+Usage on the GPU machine: python3 scripts/gemm_table.py  (prints the table; JSON to $OUT/gemm.json);
+GEMM_CASE="M N K CONFIG" times that product alone, without its epilogue, in that tiling (the one
+launch ncu profiles: the `ncu` step of scripts/gpu_session.sh with NCU_TABLE=gemm)."""
 import json
 import os
 
@@ -24,6 +26,9 @@ from kernel_timing import bf16_bits, from_bits, graph_seconds, torch_graph_secon
 
 LENGTHS = (32, 512, 2048)
 SHAPES = ((2048, 2048), (8192, 2048), (2048, 8192))       # (N, K)
+CASE = os.environ.get("GEMM_CASE", "").split()
+if CASE:
+    LENGTHS, SHAPES = (int(CASE[0]),), ((int(CASE[1]), int(CASE[2])),)
 ROTATION_BYTES = 256e6       # weight copies per graph: more than the L2 holds
 
 
@@ -52,11 +57,13 @@ def main():
             r = cp.asarray(bf16_bits(rng.standard_normal((m, n))))
             product = from_bits(x.get()).reshape(m, k) @ from_bits(weights[0].get()).reshape(n, k).T
             flops = 2 * m * n * k
-            for residual in (False, True):
+            for residual in (False,) if CASE else (False, True):
                 kernel, sources_of = product_kernel(m, n, k, residual)
                 want = product + (from_bits(r.get()).reshape(m, n) if residual else 0)
                 out = cp.empty(m * n, dtype=cp.uint16)
                 configs = list(MMA_SPACE) + ([LibraryConfig()] if not residual else [])
+                if CASE:
+                    configs = [c for c in configs if c.key() == CASE[3]]
                 sources = {c: backend.render(kernel, c) for c in configs}
                 functions = backend.compile(dict(sources.values()))
                 symbols = backend.symbol_buffer(0)

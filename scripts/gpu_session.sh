@@ -6,7 +6,7 @@
 # The CUDA tests read tiny models this machine's torch cannot export from lowered/<tag>
 # (`python scripts/lower_test_cases.py`; carry lowered/heads64_bf16 at least).
 #   STEPS="tests debug compile bench gemm gemv attention ncu long moe smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
-#   tests), TEST_TIMEOUT (each test),
+#   tests), TEST_TIMEOUT (each test), NCU_TABLE (attention, or gemm: one tensor-core GEMM launch),
 #   DEBUG_TIMEOUT, BENCH_TIMEOUT, LONG_TIMEOUT, CLI_TIMEOUT in seconds. `long` times decode as the
 #   context grows, from its own empty database, on lowered/llama1b-4096 (`kiln lower llama-3.2-1b
 #   --max-seq 4096 --dtype bfloat16`). `smollm2` and `cli` need SmolLM2's gguf in parts (below);
@@ -65,8 +65,11 @@ smollm2_weights() {
 }
 # the model a `compile` step compiles: COMPILE_MODEL=llama-3.2-1b (default; lowered/llama1b) or smollm2
 # (real weights, lowered/smollm2, its gguf in parts as above), into build/<name>-art
+# or llama-4096 (lowered/llama1b-4096, max_seq 4096: its prefill buckets reach 2,048 tokens)
+compile_max_seq=704
 case ${COMPILE_MODEL:-llama-3.2-1b} in
   smollm2) compile_model=smollm2 compile_lowered=lowered/smollm2 art=smollm2-art ;;
+  llama-4096) compile_model=llama-3.2-1b compile_lowered=lowered/llama1b-4096 art=llama4096-art compile_max_seq=4096 ;;
   *) compile_model=llama-3.2-1b compile_lowered=lowered/llama1b art=llama-art ;;
 esac
 if [[ $steps == *compile* ]]; then
@@ -78,7 +81,7 @@ if [[ $steps == *compile* ]]; then
   resume=$([ -f build/.$art.kiln-compile.json ] && echo --resume || echo --budget "${COMPILE_BUDGET:-10m}")
   { [ $compile_model != smollm2 ] || smollm2_weights; } &&
   timeout "${COMPILE_TIMEOUT:-540}" python3 -m kiln.cli compile $compile_model --backend cuda --lowered $compile_lowered \
-    --dtype bfloat16 --max-seq 704 --out build/$art --db build/gpu-tune.sqlite $resume 2>&1 \
+    --dtype bfloat16 --max-seq $compile_max_seq --out build/$art --db build/gpu-tune.sqlite $resume 2>&1 \
     | grep -v Warning | tee -a "$out/compile.log" | tail -15
 fi
 if [[ $steps == *bench* ]]; then
@@ -95,7 +98,10 @@ if [[ $steps == *attention* ]]; then   # the per-kernel attention table: every t
   timeout "${ATTENTION_TIMEOUT:-240}" python3 scripts/attention_table.py lowered/llama1b-4096 2>&1 | grep -v Warning \
     | tee "$out/attention.log" | tail -30
 fi
-if [[ $steps == *ncu* ]]; then   # where the fused attention's time goes: warp stalls, one launch of it and of flash's
+if [[ $steps == *ncu* && ${NCU_TABLE:-attention} == gemm ]]; then   # one tensor-core GEMM launch (GEMM_CASE="M N K CONFIG")
+  GEMM_CASE=${GEMM_CASE:-2048 2048 2048 mma-m128-n128-w2x2-s3} timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none \
+    -k "regex:^k_" --launch-count 1 --set full python3 scripts/gemm_table.py 2>&1 | grep -v Warning | tee -a "$out/ncu.txt" | tail -150
+elif [[ $steps == *ncu* ]]; then   # where the fused attention's time goes: warp stalls, one launch of it and of flash's
   for kernel in "regex:^k_" "regex:flash"; do
     ATTENTION_LENGTHS=${NCU_LENGTH:-512} timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none -k "$kernel" --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
