@@ -18,7 +18,8 @@ from .attention import (DEPTH, KEY, SCORE, Attention, AttentionConfig, _output, 
                         guard_body, guard_start, guard_update, snippet)
 from .c_emit import COMPUTE, STORAGE, index_code, literal, store_code
 from .cuda_decode_attention import DecodeAttentionConfig, decode_space
-from .kernel import Kernel, Load, Reduce
+from ..ir.symbolic import Expr
+from .kernel import Apply, Const, IndexValue, Kernel, Load, Reduce, Scalar
 
 _MMA = {DType.BF16: "bf16", DType.F16: "f16"}
 _PAD = 8          # halves past each staged row: rows 16 bytes apart modulo 128, no bank conflicts
@@ -94,7 +95,7 @@ def emit_cuda_attention(a: Attention, config: AttentionConfig, name: str) -> str
     body.append("kiln_commit();")
     if a.masked_part is not None:
         body.append(f"float kiln_bv[{tile // 2}];")
-        body += masked_loads(a, tile, "0", "kiln_bv")
+        body += _masked_tile(a, tile, "0", "kiln_bv", "kiln_uv", "kiln_buv")
     body.append(f"for (int64_t kiln_j0 = 0; kiln_j0 < kiln_nk; kiln_j0 += {tile}) {{")
     body += ["  " + line for line in _tile(a, config, pitch, accs)]
     body.append("}")
@@ -162,13 +163,20 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
         known[a.masked_part] = "kiln_bv[kiln_e]"
         if faint:
             lines.append("float kiln_bmax[2] = {-INFINITY, -INFINITY};")
-        summary = ["kiln_live |= kiln_bv[kiln_e] != -INFINITY;"]
-        if faint:
-            summary.append("kiln_bmax[kiln_r] = (kiln_bv[kiln_e] > kiln_bmax[kiln_r] || kiln_bv[kiln_e] != kiln_bv[kiln_e])"
-                           " ? kiln_bv[kiln_e] : kiln_bmax[kiln_r];")
-        lines += _elements(tile, summary)
+        def summary(b: str, each: list[str]) -> list[str]:
+            out = [f"kiln_live |= {b} != -INFINITY;"]
+            if faint:
+                out.append(f"kiln_bmax[kiln_r] = ({b} > kiln_bmax[kiln_r] || {b} != {b}) ? {b} : kiln_bmax[kiln_r];")
+            return each + ["  " + x for x in out] if each else out
+        per_element = _elements(tile, summary("kiln_bv[kiln_e]", []))
+        if _position_tests(a) is None:
+            lines += per_element
+        else:   # a uniform tile is a full one: both rows of every lane in range
+            lines += ["if (kiln_uv) {", "  #pragma unroll", "  for (int kiln_r = 0; kiln_r < 2; kiln_r++) {",
+                      *("    " + x for x in summary("kiln_buv", [])), "  }", "} else {",
+                      *("  " + x for x in per_element), "}"]
         lines.append(f"float kiln_bn[{tile // 2}];")
-        lines += masked_loads(a, tile, f"kiln_j0 + {tile}", "kiln_bn")
+        lines += _masked_tile(a, tile, f"kiln_j0 + {tile}", "kiln_bn", "kiln_un", "kiln_bun")
     else:
         lines.append("kiln_live = kiln_row0 < kiln_nq;")
     lines += ["const bool kiln_void = !__any_sync(0xffffffffu, kiln_live);",
@@ -202,19 +210,28 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
                   "for (int kiln_r = 0; kiln_r < 2; kiln_r++)",
                   f"  kiln_settled = kiln_settled && (kiln_row0 + kiln_g + kiln_r * 8 >= kiln_nq || ({each}));",
                   "const bool kiln_open = !__all_sync(0xffffffffu, kiln_settled);"]
-    element = ["float kiln_x = -INFINITY;",
+    def element(known: dict) -> list[str]:
+        out = ["float kiln_x = -INFINITY;",
                "if (kiln_inside) {",
                f"  const int64_t {a.query} = kiln_row;",
                f"  const float {SCORE} = kiln_sc[kiln_nb][kiln_c] * {scale};"]
-    if accs:
-        element.append("  if (kiln_open) {" if saturable else "  {")
-        for r, acc in accs.items():
-            element.append(f"    {COMPUTE[r.body.dtype]} kiln_gv;")
-            element += ["    " + x for x in snippet(guard_body(a, r), known, "kiln_gv")]
-            element.append("    " + guard_update(r, f"{acc}[kiln_r]", "kiln_gv"))
-        element.append("  }")
-    element += ["  " + x for x in snippet(a.logit, known, "kiln_x")]
-    element += ["}", "kiln_sc[kiln_nb][kiln_c] = kiln_x;"]
+        if accs:
+            out.append("  if (kiln_open) {" if saturable else "  {")
+            for r, acc in accs.items():
+                out.append(f"    {COMPUTE[r.body.dtype]} kiln_gv;")
+                out += ["    " + x for x in snippet(guard_body(a, r), known, "kiln_gv")]
+                out.append("    " + guard_update(r, f"{acc}[kiln_r]", "kiln_gv"))
+            out.append("  }")
+        out += ["  " + x for x in snippet(a.logit, known, "kiln_x")]
+        return out + ["}", "kiln_sc[kiln_nb][kiln_c] = kiln_x;"]
+
+    def elements() -> list[str]:
+        """The logits (and guards) of the tile's elements; of a uniform tile, with its one masked value."""
+        checked = _split(tile, _full(tile, "kiln_j0"), element(known))
+        if a.masked_part is None or _position_tests(a) is None:
+            return checked
+        uniform = _elements(tile, ["const bool kiln_inside = true;", *element({**known, a.masked_part: "kiln_buv"})])
+        return ["if (kiln_uv) {", *("  " + x for x in uniform), "} else {", *("  " + x for x in checked), "}"]
     if accs and a.masked_part is not None and _guards_of_logit_maxima(a, known):
         # a void tile's logits are all -inf: each row's guards see one value, at any of its keys (a
         # faint one's guards are saturated)
@@ -230,11 +247,11 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
             lines += ["      " + x for x in snippet(guard_body(a, r), hidden, "kiln_gv")]
             lines.append("      " + guard_update(r, f"{acc}[kiln_r]", "kiln_gv"))
         lines += ["    }", "  }", "} else if (!kiln_skip) {"]
-        lines += ["  " + x for x in _split(tile, _full(tile, "kiln_j0"), element)]
+        lines += ["  " + x for x in elements()]
         lines.append("}")
     else:
         # a void tile's scores stay 0 (no product): its guards see the logits at S = 0
-        lines += ["if (kiln_void || !kiln_skip) {", *("  " + x for x in _split(tile, _full(tile, "kiln_j0"), element)), "}"]
+        lines += ["if (kiln_void || !kiln_skip) {", *("  " + x for x in elements()), "}"]
     exponent = literal(a.exponent, DType.F32)
     lines += ["if (!kiln_skip) {",
               "  float kiln_mt[2] = {-INFINITY, -INFINITY}, kiln_ms[2], kiln_rescale[2];",
@@ -277,7 +294,85 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
               "__syncthreads();   // every warp is done with this buffer before the next step refills it",
               "kiln_buf ^= 1;"]
     if a.masked_part is not None:
-        lines += ["#pragma unroll", f"for (int kiln_e = 0; kiln_e < {tile // 2}; kiln_e++) kiln_bv[kiln_e] = kiln_bn[kiln_e];"]
+        copy = ["#pragma unroll", f"for (int kiln_e = 0; kiln_e < {tile // 2}; kiln_e++) kiln_bv[kiln_e] = kiln_bn[kiln_e];"]
+        if _position_tests(a) is None:
+            lines += copy
+        else:
+            lines += ["kiln_uv = kiln_un;", "kiln_buv = kiln_bun;", "if (!kiln_un) {", *("  " + x for x in copy), "}"]
+    return lines
+
+
+def _position_tests(a: Attention) -> list[tuple[Apply, Expr]] | None:
+    """The masked part's tests of positions (a causal mask's key <= query, a window's bounds), each
+    `lhs < rhs` with its difference rhs - lhs, linear in the query's row and the key, where these
+    tests are all the masked part reads of the row and the key; None where it reads them otherwise
+    (a load of a mask, a position used as a number). Over a warp's 16 rows and a tile's keys each
+    test may hold one value throughout: then the masked part is one value there (`_masked_tile`)."""
+    varying = {a.query, KEY}
+    tests: dict[Apply, Expr] = {}
+
+    def position(x: Scalar) -> Expr | None:
+        if isinstance(x, IndexValue) and x.dtype is DType.I64:
+            return x.expr
+        if isinstance(x, Const) and x.dtype is DType.I64:
+            return Expr.of(int(x.value))
+        return None
+
+    def visit(x: Scalar) -> bool:
+        if isinstance(x, Apply) and x.op is Op.LESS_THAN and len(x.args) == 2:
+            lhs, rhs = (position(arg) for arg in x.args)
+            if lhs is not None and rhs is not None and (lhs.symbols() | rhs.symbols()) & varying:
+                difference = rhs - lhs
+                for mono, _ in difference.terms:
+                    reads = set().union(*({atom} if isinstance(atom, str) else atom.symbols() for atom in mono))
+                    if reads & varying and mono not in ((a.query,), (KEY,)):
+                        return False          # not linear in the row and the key
+                tests[x] = difference
+                return True
+        if isinstance(x, Apply):
+            return all(visit(arg) for arg in x.args)
+        if isinstance(x, Const):
+            return True
+        if isinstance(x, IndexValue):
+            return not x.expr.symbols() & varying
+        if isinstance(x, Load):
+            return not x.index.symbols() & varying
+        return False
+
+    if a.masked_part is None or not visit(a.masked_part) or not tests:
+        return None
+    return list(tests.items())
+
+
+def _masked_tile(a: Attention, tile: int, first: str, target: str, flag: str, value: str) -> list[str]:
+    """The masked part of the tile starting at key `first`: where the warp's rows and the tile's
+    keys are all in range and each test of positions holds one value over them, that one value
+    into `value` (`flag` set), computed once; else each element's into `target`."""
+    tests = _position_tests(a)
+    if tests is None:
+        return masked_loads(a, tile, first, target)
+    lines = [f"bool {flag} = false;", f"float {value} = 0.0f;", f"if ({_full(tile, first)}) {{",
+             "  bool kiln_one = true;"]
+    known = {}
+    for i, (test, difference) in enumerate(tests):
+        # the difference's least and greatest over rows row0 .. row0 + 15 and keys first .. first + tile - 1
+        coefficient = dict(difference.terms)
+        rest = Expr({m: c for m, c in difference.terms if m not in ((a.query,), (KEY,))})
+        ends = [(coefficient.get((a.query,), 0), "kiln_row0", "(kiln_row0 + 15)"),
+                (coefficient.get((KEY,), 0), f"({first})", f"({first} + {tile - 1})")]
+        low = " + ".join([f"({index_code(rest)})"] + [f"{c} * {lo if c > 0 else hi}" for c, lo, hi in ends if c])
+        high = " + ".join([f"({index_code(rest)})"] + [f"{c} * {hi if c > 0 else lo}" for c, lo, hi in ends if c])
+        lines += [f"  const bool kiln_test{i} = ({low}) > 0;",
+                  f"  kiln_one = kiln_one && (kiln_test{i} || ({high}) <= 0);"]
+        known[test] = f"kiln_test{i}"
+    lines += ["  if (kiln_one) {",
+              *("    " + x for x in snippet(a.masked_part, known, value)),
+              f"    {flag} = true;",
+              "  }",
+              "}",
+              f"if (!{flag}) {{",
+              *("  " + x for x in masked_loads(a, tile, first, target)),
+              "}"]
     return lines
 
 
@@ -426,6 +521,9 @@ def _finish(a: Attention, accs: dict) -> list[str]:
 
 
 _HELPERS = r"""
+// the PTX the template uses (tests/cuda_on_cpu.py emulates these on the CPU, bf16's)
+#ifndef KILN_ATTENTION_HELPERS
+#define KILN_ATTENTION_HELPERS
 // 2^x in one special-function op: a result below 2^-126 (a weight or rescaling that small beside
 // the row's largest, which is 1) is 0
 __device__ __forceinline__ float kiln_exp2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
@@ -453,4 +551,5 @@ __device__ __forceinline__ void kiln_ldsm_x2_trans(uint32_t& r0, uint32_t& r1, c
   const unsigned s = (unsigned)__cvta_generic_to_shared(p);
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(s));
 }
+#endif
 """

@@ -110,6 +110,54 @@ static inline void kiln_gemm_mma_bf16(float* c, const uint32_t* a, uint32_t b0, 
   }
   warp->arrive_and_wait();
 }
+// the fused attention's (codegen/cuda_attention.py), bf16's, and the warp votes it takes
+#define KILN_ATTENTION_HELPERS
+static inline float kiln_exp2(float x) { return exp2f(x); }
+static inline uint32_t kiln_pack(float lo, float hi) {
+  return (uint32_t)kiln_bf16_store(lo) | ((uint32_t)kiln_bf16_store(hi) << 16);
+}
+static inline void kiln_mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) { kiln_gemm_mma_bf16(c, a, b0, b1); }
+static inline void kiln_copy16(uint16_t* to, const uint16_t* from, bool in) { kiln_gemm_copy16(to, from, in); }
+static inline void kiln_commit() {}
+static inline void kiln_wait_previous() {}
+static inline void kiln_ldsm_x2(uint32_t& r0, uint32_t& r1, const uint16_t* p) {
+  uint32_t* regs[2] = {&r0, &r1};
+  const unsigned lane = threadIdx.x & 31u;
+  for (unsigned i = 0; i < 2; i++) {
+    const uint16_t* row = kiln_from_lane(0xffffffffu, p, 8 * i + lane / 4);
+    memcpy(regs[i], row + 2 * (lane % 4), 4);
+  }
+}
+static inline void kiln_ldsm_x2_trans(uint32_t& r0, uint32_t& r1, const uint16_t* p) {
+  // transposed: a lane holds column g's elements at rows 2t and 2t + 1 of each matrix
+  uint32_t* regs[2] = {&r0, &r1};
+  const unsigned lane = threadIdx.x & 31u;
+  for (unsigned i = 0; i < 2; i++) {
+    const uint16_t* upper = kiln_from_lane(0xffffffffu, p, 8 * i + 2 * (lane % 4));
+    const uint16_t* lower = kiln_from_lane(0xffffffffu, p, 8 * i + 2 * (lane % 4) + 1);
+    *regs[i] = (uint32_t)upper[lane / 4] | ((uint32_t)lower[lane / 4] << 16);
+  }
+}
+template <typename T, typename F> static inline T kiln_warp_fold(T v, F f) {
+  // every lane's value, folded in lane order, for every lane
+  T out = v;
+  for (unsigned lane = 0; lane < 32; lane++) {
+    const T other = kiln_from_lane(0xffffffffu, v, lane);
+    out = lane ? f(out, other) : other;
+  }
+  return out;
+}
+static inline bool __any_sync(unsigned, bool p) { return kiln_warp_fold((int)p, [](int a, int b) { return a | b; }); }
+static inline bool __all_sync(unsigned, bool p) { return kiln_warp_fold((int)p, [](int a, int b) { return a & b; }); }
+static inline unsigned __reduce_max_sync(unsigned, unsigned v) {
+  return kiln_warp_fold(v, [](unsigned a, unsigned b) { return a > b ? a : b; });
+}
+static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+static inline unsigned __vmaxu2(unsigned a, unsigned b) {
+  const unsigned lo = (a & 0xFFFFu) > (b & 0xFFFFu) ? (a & 0xFFFFu) : (b & 0xFFFFu);
+  const unsigned hi = (a >> 16) > (b >> 16) ? (a >> 16) : (b >> 16);
+  return lo | (hi << 16);
+}
 """ + SHARED_HELPERS.replace("KILN_FN", "static inline")
 
 
