@@ -191,13 +191,7 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
               "if (!kiln_skip) {",
               "  #pragma unroll",
               f"  for (int kiln_nb = 0; kiln_nb < {tile // 8}; kiln_nb++) {{",
-              "    #pragma unroll",
-              f"    for (int kiln_kk = 0; kiln_kk < {depth // 16}; kiln_kk++) {{",
-              "      uint32_t kiln_b0, kiln_b1;",
-              f"      kiln_ldsm_x2(kiln_b0, kiln_b1, &kiln_ks[(kiln_nb * 8 + (kiln_lane & 7)) * {pitch} "
-              "+ kiln_kk * 16 + ((kiln_lane >> 3) & 1) * 8]);",
-              "      kiln_mma(kiln_sc[kiln_nb], kiln_qa[kiln_kk], kiln_b0, kiln_b1);",
-              "    }",
+              *("    " + x for x in _key_fragments(depth, pitch)),
               "  }",
               "}"]
     scale = literal(a.q.scale * a.k.scale, DType.F32)
@@ -284,10 +278,12 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
               "      kiln_pa[kiln_h] = kiln_pack(kiln_p0, kiln_p1);",
               "    }",
               "    #pragma unroll",
-              f"    for (int kiln_nd = 0; kiln_nd < {depth // 8}; kiln_nd++) {{",
-              "      uint32_t kiln_b0, kiln_b1;",
-              f"      kiln_ldsm_x2_trans(kiln_b0, kiln_b1, &kiln_vs[(kiln_ks16 * 16 + (kiln_lane & 15)) * {pitch} + kiln_nd * 8]);",
+              f"    for (int kiln_nd = 0; kiln_nd < {depth // 8}; kiln_nd += 2) {{",
+              "      uint32_t kiln_b0, kiln_b1, kiln_b2, kiln_b3;",
+              f"      kiln_ldsm_x4_trans(kiln_b0, kiln_b1, kiln_b2, kiln_b3, &kiln_vs[(kiln_ks16 * 16 + (kiln_lane & 15)) * {pitch} "
+              "+ (kiln_nd + (kiln_lane >> 4)) * 8]);",
               "      kiln_mma(kiln_o[kiln_nd], kiln_pa, kiln_b0, kiln_b1);",
+              "      kiln_mma(kiln_o[kiln_nd + 1], kiln_pa, kiln_b2, kiln_b3);",
               "    }",
               "  }",
               "}",
@@ -300,6 +296,27 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
         else:
             lines += ["kiln_uv = kiln_un;", "kiln_buv = kiln_bun;", "if (!kiln_un) {", *("  " + x for x in copy), "}"]
     return lines
+
+
+def _key_fragments(depth: int, pitch: int) -> list[str]:
+    """S's n-block kiln_nb over the depth: its keys' B fragments read two steps of 16 at a time
+    (ldmatrix.x4) where the depth has an even number of them."""
+    if depth % 32:
+        return ["#pragma unroll",
+                f"for (int kiln_kk = 0; kiln_kk < {depth // 16}; kiln_kk++) {{",
+                "  uint32_t kiln_b0, kiln_b1;",
+                f"  kiln_ldsm_x2(kiln_b0, kiln_b1, &kiln_ks[(kiln_nb * 8 + (kiln_lane & 7)) * {pitch} "
+                "+ kiln_kk * 16 + ((kiln_lane >> 3) & 1) * 8]);",
+                "  kiln_mma(kiln_sc[kiln_nb], kiln_qa[kiln_kk], kiln_b0, kiln_b1);",
+                "}"]
+    return ["#pragma unroll",
+            f"for (int kiln_kk = 0; kiln_kk < {depth // 16}; kiln_kk += 2) {{",
+            "  uint32_t kiln_b0, kiln_b1, kiln_b2, kiln_b3;",
+            f"  kiln_ldsm_x4(kiln_b0, kiln_b1, kiln_b2, kiln_b3, &kiln_ks[(kiln_nb * 8 + (kiln_lane & 7)) * {pitch} "
+            "+ (kiln_kk + (kiln_lane >> 4)) * 16 + ((kiln_lane >> 3) & 1) * 8]);",
+            "  kiln_mma(kiln_sc[kiln_nb], kiln_qa[kiln_kk], kiln_b0, kiln_b1);",
+            "  kiln_mma(kiln_sc[kiln_nb], kiln_qa[kiln_kk + 1], kiln_b2, kiln_b3);",
+            "}"]
 
 
 def _position_tests(a: Attention) -> list[tuple[Apply, Expr]] | None:
@@ -547,9 +564,15 @@ __device__ __forceinline__ void kiln_ldsm_x2(uint32_t& r0, uint32_t& r1, const u
   const unsigned s = (unsigned)__cvta_generic_to_shared(p);
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(s));
 }
-__device__ __forceinline__ void kiln_ldsm_x2_trans(uint32_t& r0, uint32_t& r1, const uint16_t* p) {
+__device__ __forceinline__ void kiln_ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const uint16_t* p) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(s));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+__device__ __forceinline__ void kiln_ldsm_x4_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const uint16_t* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
 }
 #endif
 """

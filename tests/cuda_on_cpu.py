@@ -128,15 +128,21 @@ static inline void kiln_ldsm_x2(uint32_t& r0, uint32_t& r1, const uint16_t* p) {
     memcpy(regs[i], row + 2 * (lane % 4), 4);
   }
 }
-static inline void kiln_ldsm_x2_trans(uint32_t& r0, uint32_t& r1, const uint16_t* p) {
+static inline void kiln_ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const uint16_t* p) {
+  kiln_gemm_ldsm_x4(r0, r1, r2, r3, p);
+}
+static inline void kiln_ldsm_trans(uint32_t** regs, unsigned matrices, const uint16_t* p) {
   // transposed: a lane holds column g's elements at rows 2t and 2t + 1 of each matrix
-  uint32_t* regs[2] = {&r0, &r1};
   const unsigned lane = threadIdx.x & 31u;
-  for (unsigned i = 0; i < 2; i++) {
+  for (unsigned i = 0; i < matrices; i++) {
     const uint16_t* upper = kiln_from_lane(0xffffffffu, p, 8 * i + 2 * (lane % 4));
     const uint16_t* lower = kiln_from_lane(0xffffffffu, p, 8 * i + 2 * (lane % 4) + 1);
     *regs[i] = (uint32_t)upper[lane / 4] | ((uint32_t)lower[lane / 4] << 16);
   }
+}
+static inline void kiln_ldsm_x4_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const uint16_t* p) {
+  uint32_t* regs[4] = {&r0, &r1, &r2, &r3};
+  kiln_ldsm_trans(regs, 4, p);
 }
 template <typename T, typename F> static inline T kiln_warp_fold(T v, F f) {
   // every lane's value, folded in lane order, for every lane

@@ -143,7 +143,7 @@ def test_every_tiling_of_fused_attention_compiles_to_tensor_core_code(heads64, t
     for config in attention_space(kernel):
         ptx = _nvcc_ptx(emit_cuda_attention(as_attention(kernel), config, "attention"), tmp_path)
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
-        assert "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16" in ptx
+        assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
