@@ -19,6 +19,7 @@ from .attention import (DEPTH, KEY, SCORE, Attention, AttentionConfig, _output, 
 from .c_emit import COMPUTE, STORAGE, index_code, literal, store_code
 from .cuda_decode_attention import DecodeAttentionConfig, decode_space
 from ..ir.symbolic import Expr
+from .index import stride
 from .kernel import Apply, Const, IndexValue, Kernel, Load, Reduce, Scalar
 
 _MMA = {DType.BF16: "bf16", DType.F16: "f16"}
@@ -91,6 +92,7 @@ def emit_cuda_attention(a: Attention, config: AttentionConfig, name: str) -> str
         acc_type, start = guard_start(r)
         body.append(f"{acc_type} {acc}[2] = {{{start}, {start}}};")
     body.append("int kiln_buf = 0;")
+    body += _sources(a, config, pitch)
     body += _stage(a, config, pitch, "0", "0")
     body.append("kiln_commit();")
     if a.masked_part is not None:
@@ -486,11 +488,47 @@ def _guards_of_logit_maxima(a: Attention, known: dict) -> bool:
     return all(r.op is Op.MAX_REDUCE and reads_only_known(guard_body(a, r)) for r in a.guards)
 
 
+def _strided(a: Attention, config: AttentionConfig) -> bool:
+    """Whether each thread's chunks of a staged tile lie at fixed places from one tile to the next:
+    the keys' and values' rows 16-byte aligned, a key's rows a fixed stride apart, the threads
+    taking whole rows' chunks the same at every step."""
+    threads, per_row = config.rows * 2, a.depth // 8
+    return (threads % per_row == 0 and (config.keys * per_row) % threads == 0
+            and all(_aligned8(load.index, var) and stride(load.index, KEY) is not None
+                    for load, var in ((a.k.load, DEPTH), (a.v, a.d))))
+
+
+def _sources(a: Attention, config: AttentionConfig, pitch: int) -> list[str]:
+    """Where this thread's first chunk of the keys and values lies, at the first tile, in memory
+    and in the staged tile (computed once: a step's staging is then an add and a copy a chunk)."""
+    if not _strided(a, config):
+        return []
+    lines = [f"const int kiln_key0 = threadIdx.x / {a.depth // 8}, kiln_col0 = (threadIdx.x % {a.depth // 8}) * 8;",
+             f"const int kiln_at0 = kiln_key0 * {pitch} + kiln_col0;",
+             "const uint16_t *kiln_ksrc, *kiln_vsrc;",
+             "{",
+             f"  const int64_t {KEY} = kiln_key0;"]
+    for load, var, src in ((a.k.load, DEPTH, "kiln_ksrc"), (a.v, a.d, "kiln_vsrc")):
+        lines += [f"  {{ const int64_t {var} = kiln_col0; {src} = &{load.buffer}[{index_code(load.index)}]; }}"]
+    return lines + ["}"]
+
+
 def _stage(a: Attention, config: AttentionConfig, pitch: int, first: str, buffer: str) -> list[str]:
     """Request the keys and values of the tile starting at key `first` into shared buffer
     `buffer`, 16 bytes a copy (cp.async, no registers on the way) where 16 bytes apart in memory
     too, else two bytes at a time; zeros past the last key (a value times a zero weight must be 0)."""
     tile, depth = config.keys, a.depth
+    if _strided(a, config):
+        keys = config.rows * 2 // (depth // 8)     # keys apart, a thread's chunks
+        lines = ["#pragma unroll",
+                 f"for (int kiln_u = 0; kiln_u < {tile * depth // 8 // (config.rows * 2)}; kiln_u++) {{",
+                 f"  const int64_t kiln_key = {first} + kiln_key0 + kiln_u * {keys};",
+                 "  const bool kiln_in = kiln_key < kiln_nk;"]
+        for load, src, dest in ((a.k.load, "kiln_ksrc", "kiln_kbuf"), (a.v, "kiln_vsrc", "kiln_vbuf")):
+            step = stride(load.index, KEY)
+            lines.append(f"  kiln_copy16(&{dest}[{buffer}][kiln_at0 + kiln_u * {keys * pitch}], "
+                         f"kiln_in ? {src} + (kiln_key - kiln_key0) * {step} : {load.buffer}, kiln_in);")
+        return lines + ["}"]
     lines = [f"for (int kiln_i = threadIdx.x; kiln_i < {tile * depth // 8}; kiln_i += blockDim.x) {{",
              f"  const int kiln_key = kiln_i / {depth // 8}, kiln_col = (kiln_i % {depth // 8}) * 8;",
              f"  const bool kiln_in = {first} + kiln_key < kiln_nk;",
