@@ -206,12 +206,12 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
                   "for (int kiln_r = 0; kiln_r < 2; kiln_r++)",
                   f"  kiln_settled = kiln_settled && (kiln_row0 + kiln_g + kiln_r * 8 >= kiln_nq || ({each}));",
                   "const bool kiln_open = !__all_sync(0xffffffffu, kiln_settled);"]
-    def element(known: dict) -> list[str]:
+    def element(known: dict, guards: bool = True) -> list[str]:
         out = ["float kiln_x = -INFINITY;",
                "if (kiln_inside) {",
                f"  const int64_t {a.query} = kiln_row;",
                f"  const float {SCORE} = kiln_sc[kiln_nb][kiln_c] * {scale};"]
-        if accs:
+        if accs and guards:
             out.append("  if (kiln_open) {" if saturable else "  {")
             for r, acc in accs.items():
                 out.append(f"    {COMPUTE[r.body.dtype]} kiln_gv;")
@@ -222,12 +222,21 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
         return out + ["}", "kiln_sc[kiln_nb][kiln_c] = kiln_x;"]
 
     def elements() -> list[str]:
-        """The logits (and guards) of the tile's elements; of a uniform tile, with its one masked value."""
+        """The logits (and guards) of the tile's elements; of a uniform tile, with its one masked
+        value, and once the guards are settled (from the first tiles on), without them."""
         checked = _split(tile, _full(tile, "kiln_j0"), element(known))
         if a.masked_part is None or _position_tests(a) is None:
             return checked
-        uniform = _elements(tile, ["const bool kiln_inside = true;", *element({**known, a.masked_part: "kiln_buv"})])
-        return ["if (kiln_uv) {", *("  " + x for x in uniform), "} else {", *("  " + x for x in checked), "}"]
+        uniform_known = {**known, a.masked_part: "kiln_buv"}
+
+        def uniform(guards: bool) -> list[str]:
+            return _elements(tile, ["const bool kiln_inside = true;", *element(uniform_known, guards)])
+        if accs and saturable:
+            lines = ["if (kiln_open) {", *("  " + x for x in uniform(True)),
+                     "} else {", *("  " + x for x in uniform(False)), "}"]
+        else:
+            lines = uniform(True)
+        return ["if (kiln_uv) {", *("  " + x for x in lines), "} else {", *("  " + x for x in checked), "}"]
     if accs and a.masked_part is not None and _guards_of_logit_maxima(a, known):
         # a void tile's logits are all -inf: each row's guards see one value, at any of its keys (a
         # faint one's guards are saturated)
