@@ -149,6 +149,7 @@ class _RegionSearch:
         variants = sorted(POLICIES, key=lambda v: (not POLICIES[v].attention, POLICIES[v].merges != gemv,
                                                    POLICIES[v].rows == gemv, POLICIES[v].epilogues != gemv))
         self.deadline = Deadline(0.0)
+        self._finalists_tuned: set[tuple] = set()
         self.tuner = RegionTuner(key, self.label, rep.outputs, None, variants,
                                  isolated or self.measurer.evaluate, self._end_to_end, db, compile_id, seed,
                                  lambda p: on_progress(p, self.deadline.remaining()))
@@ -183,11 +184,13 @@ class _RegionSearch:
         """A finalist is what the user may run: the configurations of its kernels are measured
         past the search's deadline, until the region's (in the worker, where a crashing one costs
         only itself; candidates evaluated late had only their default configurations timed), then
-        it is timed whole."""
+        it is timed whole (the tuner times each finalist more than once; its kernels are tuned once)."""
         self.measurer.deadline = self.share
-        if self.isolated:
+        tuning = (variant, *map(id, outputs))        # the tuner keeps a finalist's outputs alive
+        if self.isolated and tuning not in self._finalists_tuned:
             self.isolated.deadline = self.share
             self.isolated(outputs, variant, finalist=True)
+            self._finalists_tuned.add(tuning)
         return self.measurer.end_to_end(outputs, variant)
 
     def run(self, share: Deadline, rules, max_candidates: int, report: GraphReport, choices: dict) -> None:

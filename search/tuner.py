@@ -24,6 +24,7 @@ from .tunedb import TuneDB
 ORIGINAL = "original"          # the candidate key of the program as lowered (no rewrite applied)
 REMEMBERED = "remembered"      # the key's prefix of an earlier compile's winner (the database's)
 FINALISTS = 3                  # candidates timed end to end
+TIMING_PASSES = 2              # ... each this many times, the finalists in turn; its best time counts
 BATCH = 8                      # candidates drawn per round
 
 
@@ -187,14 +188,20 @@ class RegionTuner:
         forced = (set(forced) | {f"{ORIGINAL}/{row[2]}" for row in ranked[:FINALISTS]}
                   | {next((row[1] for row in ranked if row[1].startswith(ORIGINAL + "/")), "")})
         finalists = ranked[:FINALISTS] + [row for row in ranked[FINALISTS:] if row[1] in forced]
-        timed = []
-        for estimate, key, variant, outputs, genome in finalists:
-            record = self.db.candidate(self.compile_id, self.region, key)
-            seconds = record.end_to_end_s if record and record.end_to_end_s else None
-            if seconds is None:
-                seconds = self.end_to_end(outputs, variant)
-                self.db.record_candidate(self.compile_id, self.region, key, "ok", estimate,
-                                         end_to_end_s=seconds)
-            timed.append((seconds, estimate, key, variant, outputs, genome))
-        seconds, estimate, key, variant, outputs, genome = min(timed, key=lambda row: row[0])
-        return Winner(key, variant, outputs, estimate, seconds, self.progress, genome)
+        # a burst of load on a shared machine (another process taking the cores an OpenMP region
+        # waits for) made one finalist's ten runs 500x its others' (a 30 us program timed at 16
+        # ms, beaten by the program as lowered): each finalist is timed in every pass, the passes
+        # apart in time, and its best pass counts
+        seconds = {}
+        for row in finalists:
+            record = self.db.candidate(self.compile_id, self.region, row[1])
+            if record and record.end_to_end_s:
+                seconds[row[1]] = record.end_to_end_s
+        untimed = [row for row in finalists if row[1] not in seconds]
+        for _ in range(TIMING_PASSES):
+            for estimate, key, variant, outputs, genome in untimed:
+                seconds[key] = min(seconds.get(key, float("inf")), self.end_to_end(outputs, variant))
+        for estimate, key, *_ in untimed:
+            self.db.record_candidate(self.compile_id, self.region, key, "ok", estimate, end_to_end_s=seconds[key])
+        estimate, key, variant, outputs, genome = min(finalists, key=lambda row: seconds[row[1]])
+        return Winner(key, variant, outputs, estimate, seconds[key], self.progress, genome)
