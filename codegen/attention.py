@@ -11,6 +11,7 @@ as the loop nest it reads as (which would compute every score once per output el
     E(j)         = exp2((X(j) - max_j' X(j')) · L),  L > 0
     X(j)         = any elementwise expression of S(j) and loads over (rows, j)
     S(j)         = Σ_k q(rows, k) · k(rows, j, k),  each operand an f16/bf16 load, maybe scaled
+                   (f32 too where q has no query row: decode)
 
 G is any condition on the row built from reductions over j of elementwise functions of X (the
 fully-masked-row guard of scaled_dot_product_attention): each is accumulated in the same pass.
@@ -45,6 +46,7 @@ KEY = "kiln_j"          # the key position, in every piece after renaming
 DEPTH = "kiln_k"        # the head dimension the scores sum over
 SCORE = "kiln_s"        # the C variable holding S(j)
 _HALF = (DType.BF16, DType.F16)
+_FLOAT = (*_HALF, DType.F32)
 
 
 @dataclass(frozen=True)
@@ -131,11 +133,11 @@ def _match(kernel: Kernel) -> Attention:
     body = renamed(value.body, {value.var: KEY})
     loops = [v for v, _ in kernel.loops]
     memo: dict = {}
-    v_term, p = _pick(body.args, lambda x: _half(x) is not None)
+    v_term, p = _pick(body.args, lambda x: _float_load(x) is not None)
     d_vars = [v for v in loops if v in free_vars(v_term, memo) and v not in free_vars(p, memo)]
     _need(len(d_vars) == 1)
     d = d_vars[0]
-    v = _half_load(v_term)
+    v = _operand_load(v_term)
     _need(stride(v.index, d) == 1)
     rows = [x for x in loops if x != d]
     _need(not free_vars(p, memo) - set(rows) - {KEY} - set(kernel.symbols))
@@ -163,6 +165,9 @@ def _match(kernel: Kernel) -> Attention:
     _need(q.load.dtype == k.load.dtype == v.dtype)
     queries = [x for x in rows if x in free_vars(q.load, memo) and x not in free_vars(k.load, memo)]
     query = queries[-1] if queries else None
+    # prefill's tensor-core pass takes 16-bit operands; one query a point (decode), both
+    # backends' passes read f32 too
+    _need(q.load.dtype in _HALF or query is None)
     guards = _guards(guard, keys, score) if guard is not None else ()
     return Attention(kernel, query, tuple(x for x in rows if x != query), d, keys, depth.value, q, k,
                      v, score, logit, *_masked_part(logit, score), exponent, guards, guard, fill, cast)
@@ -187,15 +192,15 @@ def _pick(pair, test) -> tuple[Scalar, Scalar]:
     return (a, b) if test(a) else (b, a)
 
 
-def _half(x: Scalar) -> Load | None:
-    """The f16/bf16 load x reads, widened to f32 or not."""
+def _float_load(x: Scalar) -> Load | None:
+    """The f16/bf16 load x reads, widened to f32 or not; or the f32 load it is."""
     if isinstance(x, Apply) and x.op is Op.CAST and x.dtype is DType.F32:
         x = x.args[0]
-    return x if isinstance(x, Load) and x.dtype in _HALF else None
+    return x if isinstance(x, Load) and x.dtype in _FLOAT else None
 
 
-def _half_load(x: Scalar) -> Load:
-    load = _half(x)
+def _operand_load(x: Scalar) -> Load:
+    load = _float_load(x)
     _need(load is not None)
     return load
 
@@ -205,7 +210,7 @@ def _operand(x: Scalar, var: str) -> Operand:
     if isinstance(x, Apply) and x.op is Op.MUL and x.dtype is DType.F32:
         constant, x = _pick(x.args, lambda a: isinstance(a, Const))
         scale = float(constant.value)
-    load = _half_load(x)
+    load = _operand_load(x)
     _need(stride(load.index, var) == 1)
     return Operand(load, scale)
 

@@ -6,6 +6,8 @@ that would be recomputed (read by several kernels, or broadcast) and whose inlin
 its cone) exceeds the policy's limit. The limits are a search knob (see FusionPolicy)."""
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass, field
 
 from ..ir.dtypes import DType, accumulator
@@ -209,8 +211,10 @@ class _Scheduler:
             readers = self._reader_kernels(node, roots)
             epilogue = [readers[0]] if (id(node) not in outputs and len(readers) == 1
                                         and readers[0].op not in REDUCE) else []
-            for root in (*epilogue, node):
-                wide, narrow = self._wide_behind(root, roots)
+            # bounded where 16-bit values are, else (an f32 model) by the keys' extent
+            keys = node.inputs[0].shape[node.attrs["axis"]]
+            for root, bound in itertools.product((*epilogue, node), (None, keys)):
+                wide, narrow = self._wide_behind(root, roots, bound)
                 if not wide or wide & outputs:
                     continue
                 trial = (roots - wide) | narrow
@@ -221,15 +225,30 @@ class _Scheduler:
                     break
         return roots
 
-    def _wide_behind(self, root: Node, roots: set[int]) -> tuple[set[int], set[int]]:
+    def _wide_behind(self, root: Node, roots: set[int], keys=None) -> tuple[set[int], set[int]]:
         """The kernels (roots) `root` reads, directly or through others, that hold no 16-bit value
         (or one computed from positions, a causal mask), stopping at 16-bit values: those (the
-        first node past views) are the second set. The
+        first node past views) are the second set. An f32 model rounds nowhere: given `keys` (the
+        extent the product sums over), the walk stops instead at the operands of the scores'
+        product (a product over another extent), at the caches' updates and at a kernel others
+        read too (the mask every layer's attention reads). The
         root's own views and casts (its store's rounding) are its, not a boundary."""
         start = root
         while start.op in VIEWS or start.op is Op.CAST:
             start = start.inputs[0]
         wide, narrow, seen = set(), set(), set()
+
+        def bound(node: Node) -> None:
+            node = _past_views(node)
+            while keys is not None and node.op is Op.MUL:
+                # an operand scaled by a constant (attention takes the scale whole)
+                bare = [i for i in node.inputs if _past_views(i).op is not Op.CONSTANT]
+                if len(bare) != 1:
+                    break
+                node = _past_views(bare[0])
+            if node.op not in (Op.INPUT, Op.CONSTANT):
+                narrow.add(id(node))
+
         stack = list(root.inputs) if start is root else [start]
         while stack:
             node = stack.pop()
@@ -237,15 +256,22 @@ class _Scheduler:
                 continue
             seen.add(id(node))
             if node.dtype in _ROUNDED and id(node) not in self.positional:   # a mask is computed inline
-                while node.op in VIEWS:
-                    node = node.inputs[0]
-                if node.op not in (Op.INPUT, Op.CONSTANT):
-                    narrow.add(id(node))
+                bound(node)
+                continue
+            if keys is not None and id(node) in roots and (
+                    node.op is Op.SLICE_UPDATE or len(self._reader_kernels(node, roots)) > 1):
+                narrow.add(id(node))
                 continue
             if id(node) in roots:
                 if node.op is Op.SLICE_UPDATE:
                     return set(), set()
                 wide.add(id(node))
+            product = node.inputs[0] if node.op is Op.SUM_REDUCE else None
+            if (keys is not None and product is not None and product.op is Op.MUL
+                    and product.shape[node.attrs["axis"]] != keys):
+                for operand in product.inputs:
+                    bound(operand)
+                continue
             stack.extend(node.inputs)
         return wide, narrow
 
@@ -700,3 +726,8 @@ def _narrow_source(node: Node) -> Node | None:
 def _label(node: Node) -> str:
     return f"{node.op.value}{[str(d) for d in node.shape]}".replace("'", "")
 
+
+def _past_views(node: Node) -> Node:
+    while node.op in VIEWS:
+        node = node.inputs[0]
+    return node

@@ -2,7 +2,7 @@
 g++ compiles the kernel's source against a small shim (a block's threads as std::threads, a
 block barrier and a barrier per warp for __syncthreads and the shuffles, blocks one after
 another, so that `__shared__` storage can be static), and `launch` runs a grid. Memory ordering,
-timing and anything the shim leaves out (f16's PTX, vector loads but bf16x8) are not covered: the
+timing and anything the shim leaves out (f16's PTX, vector loads but bf16x8 and f32x8) are not covered: the
 GPU tests are."""
 from __future__ import annotations
 
@@ -58,6 +58,9 @@ template <typename T> static inline T kiln_shfl_xor(T v, int o) { return __shfl_
 struct uint4 { unsigned x, y, z, w; };
 static inline void kiln_bf16x8(float* v, const uint16_t* p) {
   for (int i = 0; i < 8; i++) v[i] = __int_as_float(((unsigned)p[i]) << 16);
+}
+static inline void kiln_f32x8(float* v, const float* p) {
+  for (int i = 0; i < 8; i++) v[i] = p[i];
 }
 static inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 template <typename T> static inline T __ldcg(const T* p) { T v; __atomic_load(p, &v, __ATOMIC_SEQ_CST); return v; }

@@ -118,8 +118,9 @@ def test_fused_attention_in_c_equals_the_interpreter(heads64, length, pad):
         assert not mismatch(got[name], want[name], rtol), kernel.label
 
 
-def test_a_float32_model_keeps_its_attention_as_lowered():
-    """The tensor-core pass takes 16-bit operands: an f32 model's attention is not merged."""
+def test_a_float32_model_keeps_its_prefill_attention_as_lowered():
+    """The tensor-core pass takes 16-bit operands: an f32 model's prefill attention is not merged
+    (its decode's is: test_codegen_c.py)."""
     model = tiny_llama(1, seed=2, hidden_size=128, num_attention_heads=4, num_key_value_heads=2)
     graph = lower_causal_lm(model, 32).prefill
     program = schedule(graph, POLICIES[ATTENTION])

@@ -591,17 +591,20 @@ def test_the_once_policy_leaves_out_merges_that_read_a_weight_twice(tiny_lm, rng
 @pytest.mark.parametrize("policy", [FusionPolicy(rows=True, attention=True),
                                     FusionPolicy(64, 16, epilogues=True, merges=True, rows=True, attention=True)],
                          ids=lambda p: p.key())
-def test_decode_attention_is_one_fused_kernel_a_layer_equal_to_the_interpreter(rng, policy):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_decode_attention_is_one_fused_kernel_a_layer_equal_to_the_interpreter(rng, policy, dtype):
     """In decode each head has one query: the attention merge takes the scores, softmax and P.V
-    of a bf16 model into one fused kernel a layer (one pass over the window, no scores stored),
-    which C runs a head at a time, equal to the interpreter as the window grows. 4 query heads
-    over 2: a head's keys are its pair's (with one KV head, its queries are the heads' rows)."""
+    of a bf16 model (where q, k and v are rounded, the boundary), or an f32 one (bounded by the
+    query's projection and the caches' updates), into one fused kernel a layer (one pass over the
+    window, no scores stored), which C runs a head at a time, equal to the interpreter as the
+    window grows. 4 query heads over 2: a head's keys are its pair's (with one KV head, its
+    queries are the heads' rows)."""
     import torch
     from kiln.codegen.attention import as_attention
     from kiln.frontend.hf import lower_causal_lm
     from tests.helpers import tiny_llama
     lm = lower_causal_lm(tiny_llama(2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
-                         .to(torch.bfloat16), 16)
+                         .to(getattr(torch, dtype)), 16)
     g = lm.decode
     program = schedule(g, policy)
     fused = [as_attention(k) for k in program.kernels if as_attention(k)]

@@ -57,7 +57,9 @@ TINY_CASES = {"tiny1_bf16": (1, 0, torch.bfloat16, 16, {}), "tiny2_f32": (2, 3, 
               "tiny2_bf16": (2, 4, torch.bfloat16, 32, {}),
               # heads 64 wide, as real models have them (fused attention's tiles), 4 sharing 2
               "heads64_bf16": (2, 5, torch.bfloat16, 192,
-                               {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2})}
+                               {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2}),
+              "heads64_f32": (2, 6, torch.float32, 192,
+                              {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2})}
 
 
 def tiny_model(tag: str):
@@ -105,8 +107,8 @@ def test_generated_sources_name_only_integer_types_nvrtc_has(tiny_kernels):
     from kiln.codegen.cuda_attention import attention_space
     from kiln.codegen.cuda_decode_attention import emit_cuda_decode_attention
     sources = [emit_cuda(k, c, f"k{i}_{j}") for i, k in enumerate(tiny_kernels) for j, c in enumerate(config_space(k))]
-    sources += [emit_cuda_decode_attention(as_attention(k), c, "k") for _, _, fused in _decode_attention_kernels()
-                for k in fused for c in attention_space(k)]
+    sources += [emit_cuda_decode_attention(as_attention(k), c, "k") for tag in DECODE_ATTENTION
+                for _, _, fused in _decode_attention_kernels(tag) for k in fused for c in attention_space(k)]
     named = {m.group(0) for source in sources for m in NOT_IN_NVRTC.finditer(source)}
     assert not named, f"generated CUDA names {sorted(named)}, which NVRTC does not define"
 
@@ -460,11 +462,14 @@ def test_fused_attention_of_each_tiling_equals_the_interpreter(length):
             assert not problem, f"{kernel.label} [{config.key()}]: {problem}"
 
 
-def _decode_attention_kernels():
-    """The heads64 Llama's decode under the policies that fuse its attention: each head one query,
-    its keys the pair's (4 over 2)."""
+DECODE_ATTENTION = ("heads64_bf16", "heads64_f32")   # q, k and v rounded to bf16; an f32 model's
+
+
+def _decode_attention_kernels(tag: str):
+    """A tiny Llama's decode under the policies that fuse its attention: each head one query, its
+    keys the pair's (heads64: 4 over 2)."""
     from kiln.codegen.attention import as_attention
-    _, lm = tiny_case("heads64_bf16")
+    _, lm = tiny_case(tag)
     out = []
     for policy in ("inline12-bcast1-rows-attention", "inline64-bcast16-epilogue-merge-rows-attention"):
         program = schedule(lm.decode, POLICIES[policy])
@@ -480,7 +485,7 @@ def test_decode_attention_compiles_with_nvcc_in_every_split(tmp_path):
     from kiln.codegen.cuda_attention import attention_space
     from kiln.codegen.cuda_decode_attention import emit_cuda_decode_attention
     sources = []
-    for _, _, fused in _decode_attention_kernels():
+    for _, _, fused in (c for tag in DECODE_ATTENTION for c in _decode_attention_kernels(tag)):
         assert fused and all(as_attention(k).query is None for k in fused)
         for k in fused:
             space = attention_space(k)
@@ -496,7 +501,8 @@ def test_decode_attention_compiles_with_nvcc_in_every_split(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed here")
-def test_decode_attention_splits_run_on_the_cpu_equal_the_interpreter(tmp_path):
+@pytest.mark.parametrize("tag", DECODE_ATTENTION)
+def test_decode_attention_splits_run_on_the_cpu_equal_the_interpreter(tmp_path, tag):
     """Without a GPU: decode's fused attention kernel, as generated for CUDA, compiled by g++
     against tests/cuda_on_cpu.py's shim (threads, barriers and shuffles emulated, blocks in
     turn), each split launched twice at three cache positions, against the interpreter's value
@@ -509,12 +515,12 @@ def test_decode_attention_splits_run_on_the_cpu_equal_the_interpreter(tmp_path):
     from kiln.ir import evaluate
     from kiln.ir.compare import mismatch, tolerance
     from tests.cuda_on_cpu import build, launch
-    graph, program, fused = _decode_attention_kernels()[1]
+    graph, program, fused = _decode_attention_kernels(tag)[1]
     kernel = fused[0]
     a = as_attention(kernel)
-    rtol = tolerance([np.dtype(DType.BF16.np)])
+    rtol = tolerance([np.dtype(a.dtype.np)])
     libraries = {}
-    for position in (0, 11, 150):
+    for position in (0, 11, TINY_CASES[tag][3] - 8):       # up to most of the cache
         rng = np.random.default_rng(position)
         args = decode_args(graph, np.array([[7]]), position, [
             (rng.standard_normal(tuple(d.value for d in n.shape)) * 0.5).astype(n.dtype.np)
@@ -561,10 +567,12 @@ def test_decode_attention_of_each_split_equals_the_interpreter(position):
     from kiln.ir.compare import mismatch, tolerance
     from kiln.runtime.cuda import CudaBackend
     from kiln.runtime.executor import Executor
-    backend, rtol = CudaBackend(), tolerance([np.dtype(DType.BF16.np)])
+    backend = CudaBackend()
     rng = np.random.default_rng(position)
-    for graph, program, fused in _decode_attention_kernels():
-        args = decode_args(graph, np.array([[7]]), position, [
+    for tag, (graph, program, fused) in ((t, c) for t in DECODE_ATTENTION for c in _decode_attention_kernels(t)):
+        rtol = tolerance([np.dtype(as_attention(fused[0]).dtype.np)])
+        at = min(position, TINY_CASES[tag][3] - 8)        # within the smaller case's cache
+        args = decode_args(graph, np.array([[7]]), at, [
             (rng.standard_normal(tuple(d.value for d in n.shape)) * 0.5).astype(n.dtype.np)
             for n in graph.inputs[CACHES_START:]])
         feeds = {**dict(zip(graph.inputs, args)), **{n: graph.weights[n.attrs["name"]] for n in graph.weight_nodes()}}

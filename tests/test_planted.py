@@ -7,6 +7,7 @@ The fast form is checked by its structure (its largest intermediate tensor is a 
 of the lowered program's), not by a time; the gains a run measured are in the report (and the
 README's figures come from `kiln rules list --artifact` after such a compile)."""
 import math
+import sqlite3
 
 import numpy as np
 import pytest
@@ -88,8 +89,11 @@ def test_a_one_minute_compile_picks_the_planted_rewrite(name, tmp_path):
 
 def test_a_later_compile_times_an_earlier_winner_beside_its_own(tmp_path):
     """The database keeps each compile's winner per region: a second compile of the chain on the
-    same database that may try nothing past the program as lowered (max_candidates=1) still ends
-    with the first compile's reassociated program, checked and timed again, and its rules."""
+    same database that may try nothing past the program as lowered (max_candidates=1) still
+    checks the first compile's reassociated program and times it end to end beside its own
+    finalists, and ends with the fastest it timed: on a quiet machine the reassociated program,
+    with its rules. (On CI's shared cores a burst of load once timed the 30 us program at 16 ms,
+    so which one wins is the measurement's, not this test's, to say.)"""
     torch.manual_seed(0)
     module, args = Chain(), (torch.randn(N, 1),)
     first = kiln.compile(module, args, budget="30s", db=tmp_path / "tune.sqlite", progress=False)
@@ -98,10 +102,19 @@ def test_a_later_compile_times_an_earlier_winner_beside_its_own(tmp_path):
     again = kiln.compile(module, args, budget="30s", db=tmp_path / "tune.sqlite", progress=False,
                          max_candidates=1)
     (kept,) = again.report["graphs"]["forward"]["regions"]
-    assert kept["winner"].startswith("remembered-") and kept["rules"] == found["rules"], kept
-    graph = again.graphs["forward"]
-    (choice,) = graph.choices.values()
-    assert largest(choice.outputs) * 16 <= largest(graph.graph.outputs)
+    with sqlite3.connect(tmp_path / "tune.sqlite") as db:
+        (compile_id, status), = db.execute(
+            "SELECT compile_id, status FROM candidates WHERE candidate_hash LIKE 'remembered-%'")
+        timed = dict(db.execute("SELECT candidate_hash, end_to_end_s FROM candidates "
+                                "WHERE compile_id = ? AND end_to_end_s IS NOT NULL", (compile_id,)))
+    remembered = [key for key in timed if key.startswith("remembered-")]
+    assert status == "ok" and len(remembered) == 1 and any(k.startswith("original/") for k in timed), timed
+    assert kept["winner"] == min(timed, key=timed.get), (kept, timed)
+    if kept["winner"].startswith("remembered-"):
+        assert kept["rules"] == found["rules"], kept
+        graph = again.graphs["forward"]
+        (choice,) = graph.choices.values()
+        assert largest(choice.outputs) * 16 <= largest(graph.graph.outputs)
     with torch.no_grad():
         expected = module(*args).numpy()
     assert np.abs(np.asarray(again(*args)) - expected).max() <= 1e-3 * np.abs(expected).max()
