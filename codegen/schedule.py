@@ -48,7 +48,9 @@ class FusionPolicy:
     takes in that kernel and every wide (f32) kernel behind it up to 16-bit values (the scores,
     the scaled query and keys), where the result is fused attention (codegen/attention.py): one
     pass over the keys, no scores stored; in decode, one query a head, its keys split among
-    blocks on the GPU (codegen/cuda_decode_attention.py). `rereads` (with `merges`): a merge may
+    blocks on the GPU (codegen/cuda_decode_attention.py). An f32 model's decode attention stops
+    instead at the scores' operands and the caches' updates; with `merges`, the query's projection
+    then merges into the kernel its rotary became. `rereads` (with `merges`): a merge may
     compute at a point a product that another point computes too (the rotary's partner row: the
     query projection inside its rotary reads every weight row twice, once for each point of a
     pair), one kernel fewer for twice the weight's bytes; without it that product is stored."""
@@ -202,7 +204,7 @@ class _Scheduler:
         """Each product fused attention can take whole: the wide kernels behind it (up to 16-bit
         values, which get kernels of their own if they had none) go into it, where nothing else
         reads them and `as_attention` recognizes the result."""
-        outputs = {id(n) for n in self.graph.outputs}
+        outputs, made = {id(n) for n in self.graph.outputs}, set()
         for node in self.order:
             if id(node) not in roots or node.op is not Op.SUM_REDUCE:
                 continue
@@ -221,9 +223,12 @@ class _Scheduler:
                 if any(self._reader_kernels(w, trial) != [root] for w in self.order if id(w) in wide):
                     continue
                 if as_attention(self._trial_kernel(root, trial)) is not None:
+                    made |= trial - roots
                     roots = trial
                     break
-        return roots
+        # an f32 attention's boundaries are kernels only now (the query's rotary): the products
+        # they read merge into them as into a 16-bit model's rounding kernels
+        return self._merge_reductions(roots, into=made) if made and self.policy.merges else roots
 
     def _wide_behind(self, root: Node, roots: set[int], keys=None) -> tuple[set[int], set[int]]:
         """The kernels (roots) `root` reads, directly or through others, that hold no 16-bit value
@@ -306,15 +311,18 @@ class _Scheduler:
                     roots, changed = trial, True
         return roots
 
-    def _merge_reductions(self, roots: set[int]) -> set[int]:
+    def _merge_reductions(self, roots: set[int], into: set[int] | None = None) -> set[int]:
         """Drop from `roots` each reduction that every kernel reading it can compute once per point
-        (producers first, so a chain merges link by link: softmax's max, then the sum reading it)."""
+        (producers first, so a chain merges link by link: softmax's max, then the sum reading it);
+        `into`: only where those kernels are among these."""
         outputs = {id(n) for n in self.graph.outputs}
         for node in self.order:
             mergeable = node.op in REDUCE or node.op in ELEMENTWISE
             if not mergeable or id(node) not in roots or id(node) in outputs:
                 continue
             readers = self._reader_kernels(node, roots)
+            if into is not None and not all(id(r) in into for r in readers):
+                continue
             trial = roots - {id(node)}
             if 0 < len(readers) <= MERGED_READERS and all(
                     _merged_well(kernel := self._trial_kernel(reader, trial), splittable=self.policy.rows)

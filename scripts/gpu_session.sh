@@ -4,7 +4,7 @@
 # (arguments go to `kiln bench gpu`). Logs under $OUT. The tuning database lives in build/ (kept
 # while the machine stays warm), so a second call re-measures nothing.
 # The CUDA tests read tiny models this machine's torch cannot export from lowered/<tag>
-# (`python scripts/lower_test_cases.py`; carry lowered/heads64_bf16 at least).
+# (`python scripts/lower_test_cases.py`; carry lowered/heads64_bf16 and lowered/heads64_f32 at least).
 #   STEPS="tests debug compile bench gemm gemv attention ncu long moe smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
 #   tests), TEST_TIMEOUT (each test), NCU_TABLE (attention, or gemm: one tensor-core GEMM launch),
 #   DEBUG_TIMEOUT, BENCH_TIMEOUT, LONG_TIMEOUT, CLI_TIMEOUT in seconds. `long` times decode as the
