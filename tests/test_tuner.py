@@ -59,3 +59,34 @@ def test_a_rewrite_replaces_the_program_as_lowered_only_by_winning_end_to_end(tm
         tuner.measure_lowered(Deadline(60))
         winner = tuner.run(Deadline(60), max_candidates=12)
     assert tuner.progress.valid == 12 and winner.key == "original/a" and winner.end_to_end_s == 1e-6
+
+
+def test_a_burst_of_load_during_one_finalists_timing_does_not_decide(tmp_path):
+    """The program as lowered runs 3 us end to end; the first rewritten finalist timed runs 1 us,
+    the others 4 us; but the first time that one is timed a burst of load makes it 500 us (what
+    CI's shared cores did to a remembered winner). Each finalist is timed in every pass and its
+    best pass counts, so it still wins, at 1 us, and the database records that time."""
+    program = [long_sum(6)]
+    saturated = saturate(program, with_associativity(), Limits(max_enodes=4_000))
+    timed: list = []          # each finalist's outputs, in the order first timed
+    calls: list = []
+
+    def end_to_end(outputs, variant):
+        if outputs[0] is program[0]:
+            return 3e-6
+        if outputs[0] not in timed:
+            timed.append(outputs[0])
+        calls.append(outputs[0])
+        if timed.index(outputs[0]) > 0:
+            return 4e-6
+        return 5e-4 if calls.count(outputs[0]) == 1 else 1e-6
+
+    with TuneDB(tmp_path / "tune.sqlite") as db:
+        tuner = RegionTuner("r", "layer", program, saturated, ["a"],
+                            lambda outputs, variant: Outcome("ok", 2e-6 if outputs[0] is program[0] else 1e-6),
+                            end_to_end=end_to_end, db=db, compile_id="c1", seed=0)
+        tuner.measure_lowered(Deadline(60))
+        winner = tuner.run(Deadline(60), max_candidates=12)
+        assert len(timed) >= 2 and len(calls) == 2 * len(timed)
+        assert winner.outputs[0] is timed[0] and winner.end_to_end_s == 1e-6
+        assert db.candidate("c1", "r", winner.key).end_to_end_s == 1e-6
