@@ -10,9 +10,12 @@ itself."""
 from __future__ import annotations
 
 import hashlib
+import weakref
 from math import prod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
+
+import numpy as np
 
 from ..ir.dtypes import DType
 from ..ir.ops import Op
@@ -20,8 +23,31 @@ from ..ir.symbolic import Expr, sym
 from .index import substitute
 
 
-class Scalar:
-    """A node of a kernel's expression tree; structural equality (hash cached: trees are shared)."""
+class _Interned(type):
+    """Scalars are hash-consed: constructing one equal to a live one returns that one. Equal trees
+    are then the same object, so comparing two is an identity check at each level, where a
+    structural comparison of equal but distinct trees walks both whole (walks that keep a set of
+    the nodes seen compared deep trees over and over: a MoE layer's attention trial took 70 s)."""
+    _live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # by (class, fields)
+    _compared: dict[type, tuple[str, ...]] = {}
+
+    def __call__(cls, *args, **kwargs):
+        made = super().__call__(*args, **kwargs)
+        names = _Interned._compared.get(cls)
+        if names is None:
+            names = _Interned._compared[cls] = tuple(f.name for f in fields(cls) if f.compare)
+        key = (cls, *(_exactly(getattr(made, name)) for name in names))
+        return _Interned._live.setdefault(key, made)
+
+
+def _exactly(value):
+    """A number as itself, not as what it equals: 1, 1.0 and True, or 0.0 and -0.0, stay apart."""
+    return (type(value), repr(value)) if isinstance(value, (int, float, complex, np.generic)) else value
+
+
+class Scalar(metaclass=_Interned):
+    """A node of a kernel's expression tree; structural equality (hash cached: trees are shared,
+    and equal ones are one object)."""
     __slots__ = ()
     dtype: DType
 
@@ -34,16 +60,15 @@ class Scalar:
 
 
 def _scalar(cls):
-    cls = dataclass(frozen=True, eq=True, slots=True)(cls)
+    cls = dataclass(frozen=True, eq=True, slots=True, weakref_slot=True)(cls)
     plain_hash = cls.__hash__
 
     def cached_hash(self):
-        try:
-            return object.__getattribute__(self, "_h")
-        except AttributeError:
-            h = plain_hash(self)
+        h = object.__getattribute__(self, "_h")
+        if h == 0:          # not computed yet (its field's default; a hash of 0 is stored as 1)
+            h = plain_hash(self) or 1
             object.__setattr__(self, "_h", h)
-            return h
+        return h
     cls.__hash__ = cached_hash
     return cls
 

@@ -1,0 +1,48 @@
+"""The kernel IR's scalars: hashed by structure, equal trees one object, numbers kept exact.
+
+Every scalar once hashed to 0 (its cached hash's field defaulted to the value that meant
+"computed"), so each set or dict of scalars was a list compared node by node: scheduling a
+Qwen3-MoE layer under an attention policy took 70 s, and rendering every Llama kernel 2.5x its
+time now."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+from kiln.codegen.c_emit import literal
+from kiln.codegen.kernel import Apply, Const, Load, nodes
+from kiln.ir import DType, Op
+from kiln.ir.symbolic import sym
+
+
+def test_distinct_scalars_hash_apart():
+    scalars = [Const(float(v), DType.F32) for v in range(100)]
+    scalars += [Load(f"b{v}", sym("i") + v, DType.F32) for v in range(100)]
+    assert len({hash(s) for s in scalars}) == len(scalars)
+
+
+def test_a_tree_built_twice_is_one_object():
+    def tree():
+        value = Load("x", sym("i"), DType.F32)
+        for k in range(2000):       # deep: a structural comparison would walk all of it
+            value = Apply(Op.ADD, (value, Const(float(k), DType.F32)), DType.F32)
+        return value
+
+    first, second = tree(), tree()
+    assert first is second
+    assert len(nodes(first, second)) == len(nodes(first)) == 1 + 2 * 2000
+
+
+def test_constants_python_calls_equal_stay_apart():
+    zero, negative_zero = Const(0.0, DType.F32), Const(-0.0, DType.F32)
+    assert zero is not negative_zero
+    assert literal(negative_zero.value, DType.F32).startswith("-")
+    assert Const(1, DType.I64) is not Const(1.0, DType.I64)
+    assert Const(True, DType.BOOL) is not Const(1, DType.BOOL)
+
+
+def test_interning_keeps_no_dead_tree_alive():
+    leaf = Const(12345.5, DType.F32)
+    gone = weakref.ref(Apply(Op.MUL, (leaf, leaf), DType.F32))
+    gc.collect()
+    assert gone() is None
