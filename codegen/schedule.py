@@ -235,9 +235,18 @@ class _Scheduler:
         (or one computed from positions, a causal mask), stopping at 16-bit values: those (the
         first node past views) are the second set. An f32 model rounds nowhere: given `keys` (the
         extent the product sums over), the walk stops instead at the operands of the scores'
-        product (a product over another extent), at the caches' updates and at a kernel others
-        read too (the mask every layer's attention reads). The
-        root's own views and casts (its store's rounding) are its, not a boundary."""
+        product (a product over another extent), at the caches' updates and at a kernel that a
+        kernel the walk does not reach reads too (the mask every layer's attention reads; not the
+        scores, which softmax's maximum and sum read beside P.V). The root's own views and casts
+        (its store's rounding) are its, not a boundary."""
+        if keys is None:
+            return self._walk_wide(root, roots, None, None)[:2]
+        reached = self._walk_wide(root, roots, keys, None)[2] | {id(root)}
+        return self._walk_wide(root, roots, keys, reached)[:2]
+
+    def _walk_wide(self, root: Node, roots: set[int], keys, reached: set[int] | None):
+        """_wide_behind's walk, and the nodes it visited; `reached`: the nodes a walk through
+        every shared kernel visits, where a kernel read by one outside them is a boundary."""
         start = root
         while start.op in VIEWS or start.op is Op.CAST:
             start = start.inputs[0]
@@ -263,13 +272,13 @@ class _Scheduler:
             if node.dtype in _ROUNDED and id(node) not in self.positional:   # a mask is computed inline
                 bound(node)
                 continue
-            if keys is not None and id(node) in roots and (
-                    node.op is Op.SLICE_UPDATE or len(self._reader_kernels(node, roots)) > 1):
+            if keys is not None and id(node) in roots and (node.op is Op.SLICE_UPDATE or (
+                    reached is not None and any(id(r) not in reached for r in self._reader_kernels(node, roots)))):
                 narrow.add(id(node))
                 continue
             if id(node) in roots:
                 if node.op is Op.SLICE_UPDATE:
-                    return set(), set()
+                    return set(), set(), seen
                 wide.add(id(node))
             product = node.inputs[0] if node.op is Op.SUM_REDUCE else None
             if (keys is not None and product is not None and product.op is Op.MUL
@@ -278,7 +287,7 @@ class _Scheduler:
                     bound(operand)
                 continue
             stack.extend(node.inputs)
-        return wide, narrow
+        return wide, narrow, seen
 
     def _permuted_stores(self, roots: set[int]) -> set[int]:
         """An elementwise value read only through one permutation is stored permuted: attention's

@@ -615,6 +615,13 @@ def test_decode_attention_is_one_fused_kernel_a_layer_equal_to_the_interpreter(r
     without = schedule(g, FusionPolicy(policy.inline_limit, policy.broadcast_limit, policy.epilogues,
                                        policy.merges, policy.rows))
     assert len(program.kernels) < len(without.kernels)
+    # as a compile schedules it: a layer alone, its mask an input the prologue computed (an f32
+    # layer's scores, read by softmax's kernels and P.V, were a boundary there until 2026-12-05)
+    from kiln.ir import regions as regionlib
+    from kiln.runtime.compiled import region_graph
+    layer = next(r for r in regionlib.split(g) if r.label.startswith("layer"))
+    layer_program = schedule(region_graph(g, layer, layer.outputs), policy)
+    assert len([k for k in layer_program.kernels if as_attention(k)]) == 1
 
     def args(pos: int) -> list[np.ndarray]:
         return decode_args(g, rng.integers(0, 64, (1, 1)), pos,
