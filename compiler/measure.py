@@ -29,6 +29,11 @@ LIBRARY_PRUNE = 4            # a library call or tensor-core product this much f
 # call and the tensor-core template (codegen/cuda_gemm.py)
 PRODUCT_CONFIGS = (LibraryConfig, MmaConfig)
 HOT_SHARE = 0.1              # past the deadline, a kernel with this share of its region's time is still tuned
+# a finalist's kernel configurations are each timed in this many passes, apart in time, and the
+# best counts: a burst of load on a shared machine timed SmolLM2's query projection split over
+# two threads at 586 us (its first and only pass), so the one-thread form (82 us) won and cost the
+# decode step 1.4 ms at every later compile that read the database
+KERNEL_TIMING_PASSES = 2
 
 
 def kernel_space(backend, kernel: Kernel, recorded: bool, fixed: frozenset[str] = frozenset()) -> list:
@@ -136,7 +141,7 @@ class Measurer:
                             reuse=False, sizes=self.region.sizes)
         args = self._fresh_args()
         executor(*args)
-        configs, _ = self._tune_kernels(executor, args, self.max_configs)
+        configs, _ = self._tune_kernels(executor, args, self.max_configs, confirm=True)
         return graph, program, configs
 
     def kernel_report(self, program: Program, configs: list[KernelConfig]) -> list[dict]:
@@ -168,14 +173,16 @@ class Measurer:
         one set serves a whole check-then-time sequence."""
         return [self.backend.input(np.array(a, copy=True)) for a in self.region.args]
 
-    def _tune_kernels(self, executor: Executor, args, limit: int) -> tuple[list[KernelConfig], float]:
+    def _tune_kernels(self, executor: Executor, args, limit: int,
+                      confirm: bool = False) -> tuple[list[KernelConfig], float]:
         """Per kernel, the fastest configuration that computes what the default one computed
         (the default's outputs were just checked against the reference through the whole
         program). Returns the configurations and the sum of their times. The default and the
         library call go first; where the library call is LIBRARY_PRUNE times faster than the
         default, the kernel's other generated configurations are not compiled: a 512-token
         prefill layer's products spent most of a candidate's time compiling and timing
-        generated GEMMs cuBLAS beat tenfold."""
+        generated GEMMs cuBLAS beat tenfold. `confirm`: every configuration measured is timed
+        until it has KERNEL_TIMING_PASSES passes (a finalist's, whose choice the user keeps)."""
         inputs, env = executor.bind(args)
         launch_args = executor.launch_args(inputs, env)
         kernels = executor.program.kernels
@@ -201,6 +208,8 @@ class Measurer:
             rest = [rows if seconds >= HOT_SHARE * sum(times) else []
                     for rows, seconds in zip(rest, times)]
         self._measure_rows(executor, inputs, env, launch_args, options, rest)
+        if confirm:
+            self._confirm_rows(executor, launch_args, env, options)
         chosen = self._fastest(kernels, options)
         return [config for _, config in chosen], sum(seconds for seconds, _ in chosen)
 
@@ -245,6 +254,31 @@ class Measurer:
             # and a configuration just rejected as wrong may have left its output there
             executor.launch(i, launch_args[i], env)
 
+    def _confirm_rows(self, executor: Executor, launch_args, env, options) -> None:
+        """Time again each measured configuration with fewer than KERNEL_TIMING_PASSES passes
+        (checked when first measured: its output is what the default's was), a pass over all
+        kernels at a time."""
+        kernels = executor.program.kernels
+        for _ in range(KERNEL_TIMING_PASSES - 1):
+            pending = {}        # configurations of one source are timed apart (their launches differ)
+            for i, (symbols, rows) in enumerate(options):
+                for c, name, src in rows:
+                    if 0 < self.db.kernel_passes(self.fingerprint, name, c.key(), symbols) < KERNEL_TIMING_PASSES:
+                        pending.setdefault((name, c.key()), (i, c, src))
+            if not pending:
+                return
+            functions = self.backend.compile({n: src for (n, _), (_, _, src) in pending.items()})
+            for (name, _), (i, config, _) in pending.items():
+                launch = self.backend.launcher(functions[name], kernels[i], config)
+                times = self._time(kernels[i], executor, launch, launch_args[i], env)
+                self.db.confirm_kernel(self.fingerprint, name, config.key(), options[i][0],
+                                       statistics.median(times), len(times))
+
+    def _time(self, kernel: Kernel, executor: Executor, launch, args, env) -> list[float]:
+        weights = [executor.arrays[b.name] for b in kernel.inputs
+                   if executor.program.buffers[b.name].role == "weight"]
+        return self.backend.time(lambda: launch(args, env), TIMING_TARGET_S, MAX_REPEATS, **self._cold(weights))
+
     def _measure(self, kernel: Kernel, executor: Executor, inputs, env, args, fn, name: str,
                  config: KernelConfig, symbols: dict, expected: list[np.ndarray]) -> None:
         for out in kernel.outputs:
@@ -259,10 +293,7 @@ class Measurer:
         if bad:
             self.db.record_kernel_failure(self.fingerprint, name, config.key(), symbols, bad[0], bad[1])
             return
-        weights = [executor.arrays[b.name] for b in kernel.inputs
-                   if executor.program.buffers[b.name].role == "weight"]
-        times = self.backend.time(lambda: launch(args, env), TIMING_TARGET_S, MAX_REPEATS,
-                                  **self._cold(weights))
+        times = self._time(kernel, executor, launch, args, env)
         self.db.record_kernel(self.fingerprint, name, config.key(), symbols,
                               statistics.median(times), len(times))
         self.kernels_measured += 1

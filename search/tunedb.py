@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..ir.errors import KilnError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FAILURE_REASONS = frozenset({"wrong", "nan", "crash", "timeout", "compile"})
 CANDIDATE_STATUSES = FAILURE_REASONS | {"ok"}
 
@@ -28,7 +28,7 @@ _KERNEL_WHERE = "fingerprint = ? AND source_hash = ? AND config = ? AND symbols 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
     f"CREATE TABLE IF NOT EXISTS kernels ({_KERNEL_KEY}, median_s REAL NOT NULL, "
-    f"samples INTEGER NOT NULL, measured_at REAL NOT NULL, {_KERNEL_PK})",
+    f"samples INTEGER NOT NULL, measured_at REAL NOT NULL, passes INTEGER NOT NULL DEFAULT 1, {_KERNEL_PK})",
     f"CREATE TABLE IF NOT EXISTS kernel_failures ({_KERNEL_KEY}, reason TEXT NOT NULL, "
     f"detail TEXT NOT NULL, failed_at REAL NOT NULL, {_KERNEL_PK})",
     "CREATE TABLE IF NOT EXISTS candidates (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
@@ -100,6 +100,10 @@ class TuneDB:
                 found = row[0] if row else None
             elif tables:
                 found = "unknown (no schema_version table)"
+            if found == 1:     # version 2 counts a kernel's timing passes: a version-1 time is one pass
+                self._conn.execute("ALTER TABLE kernels ADD COLUMN passes INTEGER NOT NULL DEFAULT 1")
+                self._conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+                found = SCHEMA_VERSION
             if found is not None and found != SCHEMA_VERSION:
                 raise KilnError(f"kiln: the tuning database {self.path} has schema version {found}, "
                                 f"this kiln uses {SCHEMA_VERSION}; delete the file (its measurements "
@@ -122,8 +126,25 @@ class TuneDB:
         key = _kernel_key(fingerprint, source_hash, config, symbols)
         with self._conn:
             self._conn.execute(f"DELETE FROM kernel_failures WHERE {_KERNEL_WHERE}", key)
-            self._conn.execute("INSERT OR REPLACE INTO kernels VALUES (?, ?, ?, ?, ?, ?, ?)",
+            self._conn.execute("INSERT OR REPLACE INTO kernels (fingerprint, source_hash, config, symbols, "
+                               "median_s, samples, measured_at, passes) VALUES (?, ?, ?, ?, ?, ?, ?, 1)",
                                (*key, median_s, samples, time.time()))
+
+    def kernel_passes(self, fingerprint: str, source_hash: str, config: str, symbols: dict[str, int]) -> int:
+        """How many timing passes a kernel's recorded time is the best of (0: none recorded)."""
+        row = self._conn.execute(f"SELECT passes FROM kernels WHERE {_KERNEL_WHERE}",
+                                 _kernel_key(fingerprint, source_hash, config, symbols)).fetchone()
+        return row[0] if row else 0
+
+    def confirm_kernel(self, fingerprint: str, source_hash: str, config: str, symbols: dict[str, int],
+                       median_s: float, samples: int):
+        """A later timing pass of a recorded kernel: its time becomes the best of its passes (load
+        on a shared machine only ever slows a pass). Its first measurement's time stays its
+        `measured_at`."""
+        with self._conn:
+            self._conn.execute(f"UPDATE kernels SET median_s = MIN(median_s, ?), samples = samples + ?, "
+                               f"passes = passes + 1 WHERE {_KERNEL_WHERE}",
+                               (median_s, samples, *_kernel_key(fingerprint, source_hash, config, symbols)))
 
     def kernel_failure(self, fingerprint: str, source_hash: str, config: str,
                        symbols: dict[str, int]) -> tuple[str, str] | None:
