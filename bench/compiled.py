@@ -16,6 +16,7 @@ from rich.table import Table
 from ..frontend import catalog, hf
 from ..ir.decode import decode_args, window_length
 from ..compiler.measure import MAX_REPEATS, TIMING_TARGET_S
+from ..compiler.progress import spent_text
 from ..runtime.backend import Evicting
 from ..runtime.compiled import CompiledGraph
 from ..runtime.model import CompiledModel
@@ -94,7 +95,10 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
         "search": {name: {"seconds": g["seconds"], "kernels": g["kernels"],
                           "kernel_timings": g["kernels_measured"],
                           "candidates": sum(r["progress"]["tried"] for r in g["regions"]),
-                          "valid": sum(r["progress"]["valid"] for r in g["regions"])}
+                          "valid": sum(r["progress"]["valid"] for r in g["regions"]),
+                          "regions": [{"region": r["label"], "measured": r["progress"]["measured"],
+                                       "search_s": r["search_s"], "spent": r["progress"].get("spent", {})}
+                                      for r in g["regions"]]}
                    for name, g in graphs.items()},
     }
 
@@ -164,6 +168,11 @@ def run_compiled_bench(artifact: str, spec: str, tokens: int, prompt_len: int,
         console.print(f"search, {name}: {s['candidates']} candidates ({s['valid']} valid), "
                       f"{s['kernel_timings']} kernel timings, {s['kernels']} kernels chosen, "
                       f"{s['seconds']:.0f} s")
+        busiest = max(s["regions"], key=lambda x: x["measured"], default=None)
+        if busiest and busiest["measured"]:
+            console.print(f"  {busiest['region']}: {busiest['measured']} measured in {busiest['search_s']:.0f} s "
+                          f"({60 * busiest['measured'] / max(busiest['search_s'], 1e-9):.0f} a minute), "
+                          f"{spent_text(busiest['spent'], busiest['measured'])}")
     if json_path:
         write_json(json_path, r)
     return r

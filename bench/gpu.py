@@ -18,6 +18,7 @@ import torch
 from ..frontend import catalog, hf
 from ..ir import ShapeError
 from ..ir.decode import decode_args, window_length
+from ..compiler.progress import spent_text
 
 
 AT_POSITION_TOKENS = 32      # decode steps timed from each position asked for (after 4 of warm-up)
@@ -157,6 +158,7 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
         name: [{"region": r["label"], "budget_s": r.get("budget_s"), "tried": r["progress"]["tried"],
                 "measured": r["progress"]["measured"], "search_s": r["search_s"],
                 "per_minute": 60 * r["progress"]["measured"] / max(r["search_s"], 1e-9),
+                "spent": r["progress"].get("spent", {}),
                 "winner": r["winner"], "rules": r.get("rules", [])} for r in g["regions"]]
         for name, g in compiled.report["graphs"].items()}
     result["kiln_kernels_per_token"] = decode.kernel_count
@@ -421,6 +423,9 @@ def run_gpu_bench(spec: str, dtype: str, tokens: int, budget: str, max_seq: int,
             f"{x['region']} {x['tried']} candidates ({x['measured']} measured) in {x['search_s']:.0f} s "
             f"({x['per_minute']:.0f} a minute)"
             for x in regions))
+        busiest = max(regions, key=lambda x: x["measured"], default=None)
+        if busiest and busiest.get("spent"):
+            print(f"    {busiest['region']}: {spent_text(busiest['spent'], busiest['measured'])}")
     if "kiln_short_prompt_s" in r:
         print(f"  kiln prefill: {r['prefill_tokens']} tokens {r['kiln_prefill_first_call_s'] * 1e3:.1f} ms on a "
               f"length's first call, {r['prefill_tokens'] / r['kiln_prefill_tokens_per_s'] * 1e3:.1f} ms later "

@@ -4,6 +4,8 @@ remembers every measurement, so a resumed or repeated compile re-measures nothin
 from __future__ import annotations
 
 import statistics
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -34,6 +36,13 @@ HOT_SHARE = 0.1              # past the deadline, a kernel with this share of it
 # two threads at 586 us (its first and only pass), so the one-thread form (82 us) won and cost the
 # decode step 1.4 ms at every later compile that read the database
 KERNEL_TIMING_PASSES = 2
+
+
+# where a candidate's evaluation spends its time (a worker's parent adds the round trip): its
+# program scheduled; built (its kernels rendered and compiled in their default configurations);
+# its outputs and each configuration's checked; the configurations' sources rendered and compiled;
+# the configurations timed
+PHASES = ("schedule", "build", "check", "render", "compile", "time")
 
 
 def kernel_space(backend, kernel: Kernel, recorded: bool, fixed: frozenset[str] = frozenset()) -> list:
@@ -89,24 +98,37 @@ class Measurer:
                               [w.dtype for w in region.weights.values()])
         self.kernels_measured = 0
         self._recorded = isinstance(backend, Recording) and region.recorded
+        self.spent: dict[str, float] = {}        # the current evaluation's seconds by phase
+
+    @contextmanager
+    def _phase(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spent[name] = self.spent.get(name, 0.0) + time.perf_counter() - start
 
     # --- the tuner's callables ----------------------------------------------------------------
     def evaluate(self, outputs: list[Node], variant: str, finalist: bool = False) -> Outcome:
+        self.spent = {}
         graph = self.region.graph(outputs)
-        program = schedule(graph, POLICIES[variant])
+        with self._phase("schedule"):
+            program = schedule(graph, POLICIES[variant])
         try:
-            executor = Executor(graph, program, [self.backend.default_config(k) for k in program.kernels], self.backend,
-                                reuse=False, sizes=self.region.sizes)
+            with self._phase("build"):
+                executor = Executor(graph, program, [self.backend.default_config(k) for k in program.kernels],
+                                    self.backend, reuse=False, sizes=self.region.sizes)
         except CompileError as err:
-            return Outcome("compile", None, str(err)[-500:])
-        args = self._fresh_args()
-        got = executor.host_outputs(*args)
-        for k, (g, w) in enumerate(zip(got, self.region.want)):
-            bad = mismatch(g, w, self.rtol)
-            if bad:
-                return Outcome(bad[0], None, f"output {k}: {bad[1]}")
+            return Outcome("compile", None, str(err)[-500:], dict(self.spent))
+        with self._phase("check"):
+            args = self._fresh_args()
+            got = executor.host_outputs(*args)
+            bad = next(((k, b) for k, (g, w) in enumerate(zip(got, self.region.want))
+                        if (b := mismatch(g, w, self.rtol))), None)
+        if bad:
+            return Outcome(bad[1][0], None, f"output {bad[0]}: {bad[1][1]}", dict(self.spent))
         configs, estimate = self._tune_kernels(executor, args, self.max_configs if finalist else self.search_configs)
-        return Outcome("ok", estimate, f"{len(program.kernels)} kernels")
+        return Outcome("ok", estimate, f"{len(program.kernels)} kernels", dict(self.spent))
 
     def end_to_end(self, outputs: list[Node], variant: str, repeats: int = 10) -> float:
         """Seconds per run of the region in the launch mode a compiled graph deploys (a CUDA
@@ -189,8 +211,9 @@ class Measurer:
         options = []
         for kernel in kernels:
             symbols = {s: env[s] for s in kernel.symbols}
-            rows = [(c, *self.backend.render(kernel, c))
-                    for c in kernel_space(self.backend, kernel, self._recorded, self.region.fixed)[:limit]]
+            with self._phase("render"):
+                rows = [(c, *self.backend.render(kernel, c))
+                        for c in kernel_space(self.backend, kernel, self._recorded, self.region.fixed)[:limit]]
             options.append((symbols, rows))
         # past the deadline only the default (what the winner needs to run), a library call and
         # the first tensor-core tiling are measured: what they save on a large product (the
@@ -243,16 +266,19 @@ class Measurer:
                 if (self.db.kernel_time(self.fingerprint, name, c.key(), symbols) is None
                         and self.db.kernel_failure(self.fingerprint, name, c.key(), symbols) is None):
                     pending.setdefault(name, (i, c, src))
-        functions = self.backend.compile({n: src for n, (_, _, src) in pending.items()}) if pending else {}
+        with self._phase("compile"):
+            functions = self.backend.compile({n: src for n, (_, _, src) in pending.items()}) if pending else {}
         for name, (i, config, _) in pending.items():
             kernel = kernels[i]
-            expected = [self.backend.to_host(executor.result(out.name, inputs, env), out.dtype).copy()
-                        for out in kernel.outputs]
+            with self._phase("check"):
+                expected = [self.backend.to_host(executor.result(out.name, inputs, env), out.dtype).copy()
+                            for out in kernel.outputs]
             self._measure(kernel, executor, inputs, env, launch_args[i], functions[name], name,
                           config, options[i][0], expected)
             # the default configuration's output back in place: the kernels measured next read it,
             # and a configuration just rejected as wrong may have left its output there
-            executor.launch(i, launch_args[i], env)
+            with self._phase("check"):
+                executor.launch(i, launch_args[i], env)
 
     def _confirm_rows(self, executor: Executor, launch_args, env, options) -> None:
         """Time again each measured configuration with fewer than KERNEL_TIMING_PASSES passes
@@ -267,7 +293,8 @@ class Measurer:
                         pending.setdefault((name, c.key()), (i, c, src))
             if not pending:
                 return
-            functions = self.backend.compile({n: src for (n, _), (_, _, src) in pending.items()})
+            with self._phase("compile"):
+                functions = self.backend.compile({n: src for (n, _), (_, _, src) in pending.items()})
             for (name, _), (i, config, _) in pending.items():
                 launch = self.backend.launcher(functions[name], kernels[i], config)
                 times = self._time(kernels[i], executor, launch, launch_args[i], env)
@@ -277,7 +304,8 @@ class Measurer:
     def _time(self, kernel: Kernel, executor: Executor, launch, args, env) -> list[float]:
         weights = [executor.arrays[b.name] for b in kernel.inputs
                    if executor.program.buffers[b.name].role == "weight"]
-        return self.backend.time(lambda: launch(args, env), TIMING_TARGET_S, MAX_REPEATS, **self._cold(weights))
+        with self._phase("time"):
+            return self.backend.time(lambda: launch(args, env), TIMING_TARGET_S, MAX_REPEATS, **self._cold(weights))
 
     def _measure(self, kernel: Kernel, executor: Executor, inputs, env, args, fn, name: str,
                  config: KernelConfig, symbols: dict, expected: list[np.ndarray]) -> None:
@@ -286,10 +314,11 @@ class Measurer:
                 self.backend.poison(executor.arrays[out.name], out.dtype)  # a kernel must write
         launch = self.backend.launcher(fn, kernel, config)
         self.on_trial(name, config.key(), symbols)
-        launch(args, env)
-        bad = next(filter(None, (mismatch(self.backend.to_host(executor.result(out.name, inputs, env), out.dtype),
-                                          want, self.rtol)
-                                 for out, want in zip(kernel.outputs, expected))), None)
+        with self._phase("check"):
+            launch(args, env)
+            bad = next(filter(None, (mismatch(self.backend.to_host(executor.result(out.name, inputs, env), out.dtype),
+                                              want, self.rtol)
+                                     for out, want in zip(kernel.outputs, expected))), None)
         if bad:
             self.db.record_kernel_failure(self.fingerprint, name, config.key(), symbols, bad[0], bad[1])
             return

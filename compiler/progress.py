@@ -19,6 +19,16 @@ def _stats(p: Progress, left: float) -> str:
     return f"tried {p.tried} (valid {p.valid}{known}), best {best}, gain {gain}, {left:,.0f} s left"
 
 
+def spent_text(spent: dict[str, float], measured: int) -> str:
+    """Where a region's measured candidates spent their time: seconds a candidate, then each
+    phase's share (compiler/measure.py: PHASES, and a worker's round trip), largest first."""
+    total = sum(spent.values())
+    if not measured or not total:
+        return "no candidate measured"
+    return f"{total / measured:.2f} s a candidate: " + ", ".join(
+        f"{phase} {seconds / total:.0%}" for phase, seconds in sorted(spent.items(), key=lambda kv: -kv[1]))
+
+
 class CompileDisplay:
     """A context manager; `show=False` shows nothing."""
 

@@ -164,7 +164,9 @@ class IsolatedEvaluate:
         if "error" in reply:
             raise KilnError(reply["error"])
         self.kernels_measured += reply["kernels_measured"]
-        return Outcome(reply["status"], reply["estimate_s"], reply["detail"]), False
+        # the rest of the wall time is the round trip: the request and reply, the program read back
+        spent = reply["spent"] | {"round trip": max(0.0, time.monotonic() - start - sum(reply["spent"].values()))}
+        return Outcome(reply["status"], reply["estimate_s"], reply["detail"], spent), False
 
     def close(self) -> None:
         if self._proc is not None:
@@ -311,7 +313,7 @@ def _answer(requests, measurer: Measurer, trial: Path, protocol) -> Path | None:
             outcome = Outcome("crash", None, f"{type(err).__name__}: {err}")
         reply = {"error": str(outcome)} if isinstance(outcome, KilnError) else {
             "status": outcome.status, "estimate_s": outcome.estimate_s, "detail": outcome.detail,
-            "kernels_measured": measurer.kernels_measured - before}
+            "spent": outcome.spent, "kernels_measured": measurer.kernels_measured - before}
         trial.unlink(missing_ok=True)
         protocol.write(json.dumps(reply) + "\n")
         protocol.flush()

@@ -17,6 +17,7 @@ from html import escape
 from pathlib import Path
 
 from ..compiler.driver import _journal_path
+from ..compiler.progress import spent_text
 from ..ir import KilnError
 from ..ir.artifact import MANIFEST
 from ..search.tunedb import CandidateRecord, TuneDB
@@ -240,10 +241,12 @@ def _regions_table(regions: list[dict], finished: bool, total_e2e: float) -> str
                      *_progress_cells(r["progress"]),
                      _s(r["end_to_end_s"]), _pct(share), Raw(f"<code>{escape(r['winner'])}</code>"),
                      ", ".join(r.get("rules", [])) or ("none" if "rules" in r else "-"), _s(r["saturate_s"]),
-                     _s(r["search_s"]), _per_minute(r["progress"], r["search_s"])])
+                     _s(r["search_s"]), _per_minute(r["progress"], r["search_s"]),
+                     spent_text(r["progress"].get("spent", {}), r["progress"].get("measured", 0))
+                     if r["progress"].get("spent") else "-"])
     return _table(["region", "repeats", "IR nodes", "budget", "tried", "valid", "first valid", "best estimate", "gain",
-                   "end to end", "share", "winner", "rewrites it needs", "saturate", "search", "candidates a minute"],
-                  rows)
+                   "end to end", "share", "winner", "rewrites it needs", "saturate", "search", "candidates a minute",
+                   "where a candidate's time went"], rows)
 
 
 def _per_minute(progress: dict, seconds: float | None) -> str:
@@ -462,6 +465,11 @@ def _legend() -> str:
         ("candidates a minute", "candidates measured over the region's search time: each one scheduled, "
          "checked against the reference and its kernels tuned and timed (those a resumed compile "
          "found in the tuning database not counted)."),
+        ("where a candidate's time went", "per measured candidate: <b>schedule</b> (its kernels "
+         "formed), <b>build</b> (rendered and compiled in their default configurations), <b>check</b> "
+         "(its outputs and each configuration's against the reference), <b>render</b> and "
+         "<b>compile</b> (the configurations tuned), <b>time</b> (their timings), <b>round trip</b> "
+         "(to and from the worker process that measures it)."),
         ("end to end", "the region run whole in the launch mode a user gets (a CUDA graph's replay "
          "on the GPU, one C call on the CPU), median of several runs; the winner is the fastest of "
          "the best few estimates by this time."),

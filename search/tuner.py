@@ -33,6 +33,8 @@ class Outcome:
     status: str                        # "ok" or a rejection: wrong, nan, crash, compile, timeout
     estimate_s: float | None = None    # summed kernel times, when ok
     detail: str = ""
+    # where its evaluation's time went: seconds by phase (compiler/measure.py: PHASES)
+    spent: dict[str, float] = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -45,6 +47,7 @@ class Progress:
     first_valid_s: float | None = None
     best_s: float | None = None
     curve: list[tuple[float, int, float]] = field(default_factory=list)  # (elapsed s, tried, best)
+    spent: dict[str, float] = field(default_factory=dict)   # the measured candidates' seconds by phase
 
     @property
     def gain(self) -> float | None:
@@ -157,6 +160,8 @@ class RegionTuner:
                 self.db.record_candidate(self.compile_id, self.region, name, outcome.status,
                                          outcome.estimate_s, detail=outcome.detail)
                 self.progress.measured += 1
+                for phase, seconds in outcome.spent.items():
+                    self.progress.spent[phase] = self.progress.spent.get(phase, 0.0) + seconds
             else:
                 outcome = Outcome(record.status, record.estimate_s, record.detail)
             self._note(outcome, name, variant, outputs, genome)

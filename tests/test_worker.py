@@ -19,8 +19,10 @@ from kiln.ir import DType, Graph, Node, Op, evaluate
 from kiln.ir.build import reduce
 from kiln.ir.symbolic import shape_of
 from kiln.runtime.cpu import CpuBackend, cache_dir
-from kiln.compiler.measure import Measurer, Region
+from kiln.compiler.measure import PHASES, Measurer, Region
+from kiln.compiler.progress import spent_text
 from kiln.compiler.worker import IsolatedEvaluate
+from kiln.search.tuner import RegionTuner
 from kiln.search.tunedb import TuneDB
 
 VARIANT = next(iter(POLICIES))
@@ -281,3 +283,31 @@ def test_a_killed_compiles_worker_folder_is_removed_by_the_next(tmp_path, monkey
     finally:
         worker.close()
     assert not worker.root.exists()
+
+
+def test_a_candidates_time_is_accounted_by_phase(tmp_path, monkeypatch):
+    """Where a measured candidate's time went, as the compile report and the benches show it: each
+    phase of its evaluation in the worker, and the round trip to it, adding up to its wall time."""
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path))
+    region, outputs = _region()
+    evaluate_ = IsolatedEvaluate("cpu", tmp_path / "tune.sqlite", "test-machine", region, timeout_s=60)
+    try:
+        evaluate_(outputs, VARIANT)                    # the worker started and the region loaded
+        start = time.monotonic()
+        outcome = evaluate_(outputs, "inline4-bcast0")  # another policy: kernels not yet measured
+        wall = time.monotonic() - start
+    finally:
+        evaluate_.close()
+    assert outcome.status == "ok"
+    assert set(outcome.spent) == {*PHASES, "round trip"}
+    assert all(seconds >= 0 for seconds in outcome.spent.values())
+    assert outcome.spent["compile"] > 0 and outcome.spent["time"] > 0
+    assert sum(outcome.spent.values()) == pytest.approx(wall, rel=0.05, abs=0.01)
+    # the tuner sums what its measured candidates spent, per region
+    with TuneDB(tmp_path / "tune.sqlite") as db:
+        tuner = RegionTuner("r", "r", outputs, None, [VARIANT], lambda o, v: outcome, lambda o, v: 1.0, db, "compile")
+        tuner._try("original", None, outputs)
+    assert tuner.progress.spent == outcome.spent
+    text = spent_text(tuner.progress.spent, tuner.progress.measured)
+    assert text.startswith(f"{sum(outcome.spent.values()):.2f} s a candidate: ")
+    assert all(f"{phase} " in text for phase in outcome.spent)
