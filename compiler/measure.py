@@ -3,6 +3,7 @@ reference, and time each distinct kernel in each configuration once (the tuning 
 remembers every measurement, so a resumed or repeated compile re-measures nothing)."""
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from contextlib import contextmanager
@@ -41,8 +42,8 @@ KERNEL_TIMING_PASSES = 2
 # where a candidate's evaluation spends its time (a worker's parent adds the round trip): its
 # program scheduled; built (its kernels rendered and compiled in their default configurations);
 # its outputs and each configuration's checked; the configurations' sources rendered and compiled;
-# the configurations timed
-PHASES = ("schedule", "build", "check", "render", "compile", "time")
+# the configurations timed; the rest (the tuning database's look-ups, arguments bound)
+PHASES = ("schedule", "build", "check", "render", "compile", "time", "bookkeeping")
 
 
 def kernel_space(backend, kernel: Kernel, recorded: bool, fixed: frozenset[str] = frozenset()) -> list:
@@ -110,7 +111,12 @@ class Measurer:
 
     # --- the tuner's callables ----------------------------------------------------------------
     def evaluate(self, outputs: list[Node], variant: str, finalist: bool = False) -> Outcome:
-        self.spent = {}
+        start, self.spent = time.perf_counter(), {}
+        outcome = self._evaluate(outputs, variant, finalist)
+        self.spent["bookkeeping"] = max(0.0, time.perf_counter() - start - sum(self.spent.values()))
+        return dataclasses.replace(outcome, spent=dict(self.spent))
+
+    def _evaluate(self, outputs: list[Node], variant: str, finalist: bool) -> Outcome:
         graph = self.region.graph(outputs)
         with self._phase("schedule"):
             program = schedule(graph, POLICIES[variant])
@@ -119,16 +125,16 @@ class Measurer:
                 executor = Executor(graph, program, [self.backend.default_config(k) for k in program.kernels],
                                     self.backend, reuse=False, sizes=self.region.sizes)
         except CompileError as err:
-            return Outcome("compile", None, str(err)[-500:], dict(self.spent))
+            return Outcome("compile", None, str(err)[-500:])
         with self._phase("check"):
             args = self._fresh_args()
             got = executor.host_outputs(*args)
             bad = next(((k, b) for k, (g, w) in enumerate(zip(got, self.region.want))
                         if (b := mismatch(g, w, self.rtol))), None)
         if bad:
-            return Outcome(bad[1][0], None, f"output {bad[0]}: {bad[1][1]}", dict(self.spent))
+            return Outcome(bad[1][0], None, f"output {bad[0]}: {bad[1][1]}")
         configs, estimate = self._tune_kernels(executor, args, self.max_configs if finalist else self.search_configs)
-        return Outcome("ok", estimate, f"{len(program.kernels)} kernels", dict(self.spent))
+        return Outcome("ok", estimate, f"{len(program.kernels)} kernels")
 
     def end_to_end(self, outputs: list[Node], variant: str, repeats: int = 10) -> float:
         """Seconds per run of the region in the launch mode a compiled graph deploys (a CUDA

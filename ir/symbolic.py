@@ -7,6 +7,7 @@ names or opaque calls (floordiv, mod, max, min) that could not be simplified awa
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Mapping, Union
 
 Monomial = tuple  # sorted tuple of atoms; () is the constant monomial
@@ -47,9 +48,18 @@ class Expr:
     __slots__ = ("terms", "_hash")
 
     def __init__(self, terms: Mapping[Monomial, int]):
-        self.terms = tuple(sorted(((m, c) for m, c in terms.items() if c != 0),
-                                  key=lambda mc: (not mc[0], [_atom_key(a) for a in mc[0]])))
+        items = [(m, c) for m, c in terms.items() if c != 0]
+        if len(items) > 1:
+            items.sort(key=lambda mc: (not mc[0], [_atom_key(a) for a in mc[0]]))
+        self.terms = tuple(items)
         self._hash = hash(self.terms)
+
+    @staticmethod
+    def _ordered(terms: tuple) -> Expr:
+        """An expression of terms already in canonical order, none zero (a scaled expression's)."""
+        out = object.__new__(Expr)
+        out.terms, out._hash = terms, hash(terms)
+        return out
 
     # --- construction -------------------------------------------------------------------------
     @staticmethod
@@ -57,13 +67,13 @@ class Expr:
         if isinstance(value, Expr):
             return value
         if isinstance(value, str):
-            return Expr({(value,): 1})
+            return _symbol(value)
         if isinstance(value, (bool,)) or not isinstance(value, int):
             try:
                 value = int(value)  # numpy integers
             except (TypeError, ValueError):
                 raise TypeError(f"not an integer dimension: {value!r}") from None
-        return Expr({(): value}) if value else _ZERO
+        return _constant(value)
 
     # --- queries ------------------------------------------------------------------------------
     @property
@@ -112,6 +122,10 @@ class Expr:
     # --- arithmetic ---------------------------------------------------------------------------
     def __add__(self, other: IntLike) -> Expr:
         other = Expr.of(other)
+        if not other.terms:
+            return self
+        if not self.terms:
+            return other
         acc = dict(self.terms)
         for m, c in other.terms:
             acc[m] = acc.get(m, 0) + c
@@ -130,6 +144,12 @@ class Expr:
 
     def __mul__(self, other: IntLike) -> Expr:
         other = Expr.of(other)
+        for a, b in ((self, other), (other, self)):     # by a constant: each coefficient scaled
+            if not b.terms:
+                return _ZERO
+            if len(b.terms) == 1 and not b.terms[0][0]:
+                k = b.terms[0][1]
+                return a if k == 1 else Expr._ordered(tuple((m, c * k) for m, c in a.terms))
         acc: dict[Monomial, int] = {}
         for m1, c1 in self.terms:
             for m2, c2 in other.terms:
@@ -192,9 +212,11 @@ class Expr:
 
     # --- comparison and printing --------------------------------------------------------------
     def __eq__(self, other) -> bool:
+        if other is self:
+            return True
         if isinstance(other, int):
             other = Expr.of(other)
-        return isinstance(other, Expr) and self.terms == other.terms
+        return isinstance(other, Expr) and self._hash == other._hash and self.terms == other.terms
 
     def __hash__(self) -> int:
         return self._hash
@@ -220,6 +242,16 @@ class Expr:
 
 
 _ZERO = Expr({})
+
+
+@lru_cache(maxsize=4096)
+def _constant(value: int) -> Expr:
+    return Expr({(): value}) if value else _ZERO
+
+
+@lru_cache(maxsize=4096)
+def _symbol(name: str) -> Expr:
+    return Expr({(name,): 1})
 
 
 def _fold_divmod(acc: dict[Monomial, int]) -> dict[Monomial, int]:
