@@ -22,7 +22,7 @@ from ..ir.errors import CompileError
 from ..runtime.backend import Evicting, Recording
 from ..runtime.executor import Executor
 from ..search.budget import Deadline
-from ..search.tunedb import TuneDB
+from ..search.tunedb import TuneDB, symbols_key
 from ..search.tuner import Outcome
 
 TIMING_TARGET_S = 0.002      # per kernel and configuration: repeat until this much time is spent
@@ -79,6 +79,42 @@ def _always_measured(rows: list) -> list:
     """A kernel's default configuration, its library calls and its first tensor-core tiling."""
     mma = next((r for r in rows if isinstance(r[0], MmaConfig)), None)
     return [r for r in rows if r is rows[0] or r is mma or isinstance(r[0], LibraryConfig)]
+
+
+class _KernelRecords:
+    """The tuning database's records of the kernels one tuning weighs, read in two queries and kept
+    current by the tuning's own writes, which go through to the database (nothing else writes
+    them meanwhile: a compile's parent tunes a finalist only while its worker waits). A decode
+    layer's candidate looked up each configuration's record six times or so, one query each: 13%
+    of its time on the CPU."""
+
+    def __init__(self, db: TuneDB, fingerprint: str, names):
+        self.db, self.fingerprint = db, fingerprint
+        self._times, self._failed = db.kernel_records(fingerprint, names)
+
+    def time(self, name: str, config: str, symbols: dict) -> float | None:
+        return self._times.get((name, config, symbols_key(symbols)), (None, 0))[0]
+
+    def passes(self, name: str, config: str, symbols: dict) -> int:
+        return self._times.get((name, config, symbols_key(symbols)), (None, 0))[1]
+
+    def failed(self, name: str, config: str, symbols: dict) -> bool:
+        return (name, config, symbols_key(symbols)) in self._failed
+
+    def record(self, name: str, config: str, symbols: dict, median_s: float, samples: int) -> None:
+        self.db.record_kernel(self.fingerprint, name, config, symbols, median_s, samples)
+        self._times[(name, config, symbols_key(symbols))] = (median_s, 1)
+        self._failed.discard((name, config, symbols_key(symbols)))
+
+    def confirm(self, name: str, config: str, symbols: dict, median_s: float, samples: int) -> None:
+        self.db.confirm_kernel(self.fingerprint, name, config, symbols, median_s, samples)
+        best, passes = self._times[(name, config, symbols_key(symbols))]
+        self._times[(name, config, symbols_key(symbols))] = (min(best, median_s), passes + 1)
+
+    def fail(self, name: str, config: str, symbols: dict, reason: str, detail: str) -> None:
+        self.db.record_kernel_failure(self.fingerprint, name, config, symbols, reason, detail)
+        self._times.pop((name, config, symbols_key(symbols)), None)
+        self._failed.add((name, config, symbols_key(symbols)))
 
 
 class Measurer:
@@ -221,6 +257,7 @@ class Measurer:
                 rows = [(c, *self.backend.render(kernel, c))
                         for c in kernel_space(self.backend, kernel, self._recorded, self.region.fixed)[:limit]]
             options.append((symbols, rows))
+        self._records = _KernelRecords(self.db, self.fingerprint, [n for _, rows in options for _, n, _ in rows])
         # past the deadline only the default (what the winner needs to run), a library call and
         # the first tensor-core tiling are measured: what they save on a large product (the
         # vocabulary head: 56 ms generated, 0.4 ms in cuBLAS on the H200) must not depend on the
@@ -247,7 +284,7 @@ class Measurer:
         where none is)."""
         chosen = []
         for kernel, (symbols, rows) in zip(kernels, options):
-            timed = [(self.db.kernel_time(self.fingerprint, name, c.key(), symbols), c)
+            timed = [(self._records.time(name, c.key(), symbols), c)
                      for c, name, _ in rows]
             chosen.append(min(((t, c) for t, c in timed if t is not None),
                               key=lambda tc: tc[0], default=(0.0, self.backend.default_config(kernel))))
@@ -257,7 +294,7 @@ class Measurer:
         """Whether a kernel's library call or tensor-core product was timed LIBRARY_PRUNE times
         faster than its default."""
         def timed(c, name) -> float | None:
-            return self.db.kernel_time(self.fingerprint, name, c.key(), symbols)
+            return self._records.time(name, c.key(), symbols)
         library = min(filter(None, (timed(c, n) for c, n, _ in rows if isinstance(c, PRODUCT_CONFIGS))), default=None)
         default = timed(*rows[0][:2])
         return library is not None and default is not None and library * LIBRARY_PRUNE < default
@@ -269,8 +306,8 @@ class Measurer:
         pending = {}
         for i, ((symbols, _), rows) in enumerate(zip(options, chosen_rows)):
             for c, name, src in rows:
-                if (self.db.kernel_time(self.fingerprint, name, c.key(), symbols) is None
-                        and self.db.kernel_failure(self.fingerprint, name, c.key(), symbols) is None):
+                if (self._records.time(name, c.key(), symbols) is None
+                        and not self._records.failed(name, c.key(), symbols)):
                     pending.setdefault(name, (i, c, src))
         with self._phase("compile"):
             functions = self.backend.compile({n: src for n, (_, _, src) in pending.items()}) if pending else {}
@@ -295,7 +332,7 @@ class Measurer:
             pending = {}        # configurations of one source are timed apart (their launches differ)
             for i, (symbols, rows) in enumerate(options):
                 for c, name, src in rows:
-                    if 0 < self.db.kernel_passes(self.fingerprint, name, c.key(), symbols) < KERNEL_TIMING_PASSES:
+                    if 0 < self._records.passes(name, c.key(), symbols) < KERNEL_TIMING_PASSES:
                         pending.setdefault((name, c.key()), (i, c, src))
             if not pending:
                 return
@@ -304,8 +341,7 @@ class Measurer:
             for (name, _), (i, config, _) in pending.items():
                 launch = self.backend.launcher(functions[name], kernels[i], config)
                 times = self._time(kernels[i], executor, launch, launch_args[i], env)
-                self.db.confirm_kernel(self.fingerprint, name, config.key(), options[i][0],
-                                       statistics.median(times), len(times))
+                self._records.confirm(name, config.key(), options[i][0], statistics.median(times), len(times))
 
     def _time(self, kernel: Kernel, executor: Executor, launch, args, env) -> list[float]:
         weights = [executor.arrays[b.name] for b in kernel.inputs
@@ -326,9 +362,9 @@ class Measurer:
                                               want, self.rtol)
                                      for out, want in zip(kernel.outputs, expected))), None)
         if bad:
-            self.db.record_kernel_failure(self.fingerprint, name, config.key(), symbols, bad[0], bad[1])
+            self._records.fail(name, config.key(), symbols, bad[0], bad[1])
             return
         times = self._time(kernel, executor, launch, args, env)
-        self.db.record_kernel(self.fingerprint, name, config.key(), symbols,
+        self._records.record(name, config.key(), symbols,
                               statistics.median(times), len(times))
         self.kernels_measured += 1

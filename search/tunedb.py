@@ -60,10 +60,15 @@ _CANDIDATE_COLUMNS = ("seq, compile_id, region, candidate_hash, status, estimate
                       "detail, recorded_at")
 
 
+def symbols_key(symbols: dict[str, int]) -> str:
+    """How a kernel record's symbols are stored."""
+    return json.dumps(symbols, sort_keys=True, separators=(",", ":"))
+
+
 def _kernel_key(fingerprint: str, source_hash: str, config: str,
                 symbols: dict[str, int]) -> tuple[str, str, str, str]:
     # sorted keys: {"m": 1, "n": 2} and {"n": 2, "m": 1} must hit the same row
-    return fingerprint, source_hash, config, json.dumps(symbols, sort_keys=True, separators=(",", ":"))
+    return fingerprint, source_hash, config, symbols_key(symbols)
 
 
 class TuneDB:
@@ -129,6 +134,21 @@ class TuneDB:
             self._conn.execute("INSERT OR REPLACE INTO kernels (fingerprint, source_hash, config, symbols, "
                                "median_s, samples, measured_at, passes) VALUES (?, ?, ?, ?, ?, ?, ?, 1)",
                                (*key, median_s, samples, time.time()))
+
+    def kernel_records(self, fingerprint: str, source_hashes) -> tuple[dict[tuple, tuple[float, int]], set[tuple]]:
+        """Every recorded time (median, passes) and every failure of these kernels, in all their
+        configurations, keyed (source_hash, config, symbols): one tuning's look-ups in two queries."""
+        hashes, times, failed = sorted(set(source_hashes)), {}, set()
+        for i in range(0, len(hashes), 500):        # under SQLite's limit on a statement's parameters
+            chunk = hashes[i:i + 500]
+            where = f"fingerprint = ? AND source_hash IN ({', '.join('?' * len(chunk))})"
+            for h, c, sy, median, passes in self._conn.execute(
+                    f"SELECT source_hash, config, symbols, median_s, passes FROM kernels WHERE {where}",
+                    (fingerprint, *chunk)):
+                times[(h, c, sy)] = (median, passes)
+            failed |= set(self._conn.execute(
+                f"SELECT source_hash, config, symbols FROM kernel_failures WHERE {where}", (fingerprint, *chunk)))
+        return times, failed
 
     def kernel_passes(self, fingerprint: str, source_hash: str, config: str, symbols: dict[str, int]) -> int:
         """How many timing passes a kernel's recorded time is the best of (0: none recorded)."""
