@@ -84,9 +84,8 @@ def _always_measured(rows: list) -> list:
 class _KernelRecords:
     """The tuning database's records of the kernels one tuning weighs, read in two queries and kept
     current by the tuning's own writes, which go through to the database (nothing else writes
-    them meanwhile: a compile's parent tunes a finalist only while its worker waits). A decode
-    layer's candidate looked up each configuration's record six times or so, one query each: 13%
-    of its time on the CPU."""
+    them meanwhile: a compile's parent tunes a finalist only while its worker waits), where each
+    configuration's record was looked up six times or so, one query each."""
 
     def __init__(self, db: TuneDB, fingerprint: str, names):
         self.db, self.fingerprint = db, fingerprint
