@@ -406,6 +406,9 @@ def _winner_rules(artifact: str) -> None:
 @click.option("--seed", default=0, show_default=True, help="Seed of the candidate draws and sample inputs.")
 @click.option("--report", "report", is_flag=True,
               help="Also write the compile report (OUT/report.html, see 'kiln report').")
+@click.option("--workers", type=click.IntRange(1, None), metavar="N",
+              help="Processes measuring candidates side by side, taking turns on the device to check "
+                   "and time. [default: 1 on the CPU; half the cores, at most 8, with a GPU]")
 @click.option("--lowered", "lowered_path", metavar="FOLDER",
               help="A folder of graphs 'kiln lower' wrote on a machine whose torch can export MODEL (this "
                    "one's cannot); MODEL still gives the weights, the graphs their max-seq and dtype.")
@@ -414,7 +417,8 @@ def _winner_rules(artifact: str) -> None:
                    "default only the last position's, the one generation samples from.")
 @_clean_errors
 def compile(model: str, out: str, backend: str, budget: str | None, max_seq: int, dtype: str, resume: bool,
-            db: str | None, seed: int, report: bool, lowered_path: str | None, all_logits: bool) -> None:
+            db: str | None, seed: int, report: bool, workers: int | None, lowered_path: str | None,
+            all_logits: bool) -> None:
     """Compile MODEL (a causal LM) for this machine and write an artifact folder.
 
     Every candidate program is checked against the reference interpreter and timed here; the
@@ -426,12 +430,14 @@ def compile(model: str, out: str, backend: str, budget: str | None, max_seq: int
     from pathlib import Path
     from .ir.artifact import check_writable
     from .compiler.driver import compile_lm, interrupted
+    from .compiler.worker import check_width
     from .runtime.model import make_backend
     from .search.budget import parse_budget
     seconds = parse_budget(budget) if budget is not None else None
     check_writable(Path(out))          # before minutes of loading and lowering, not after
     if resume:
         interrupted(out)
+    check_width(backend, workers)
     make_backend(backend)              # CuPy and a GPU, or a C compiler: before the model loads
     if lowered_path and not os.path.isdir(lowered_path):
         raise KilnError(f"kiln: no folder {lowered_path}; write it with 'kiln lower MODEL --out {lowered_path}'")
@@ -444,7 +450,7 @@ def compile(model: str, out: str, backend: str, budget: str | None, max_seq: int
                f" in {time.monotonic() - started:.0f} s; the compile's clock starts now")
     compiled = compile_lm(lm, max_seq=max_seq, backend=backend, budget=seconds, db=db, out=out,
                           resume=resume, tokenizer=loaded.tokenizer, seed=seed, lowered=lowered,
-                          all_logits=all_logits, name=loaded.name)
+                          all_logits=all_logits, name=loaded.name, workers=workers)
     graphs = compiled.report["graphs"]
     kernels = ", ".join(f"{name} {g['kernels']} kernels" for name, g in graphs.items())
     click.echo(f"wrote {out}: {loaded.name}, {backend}, {kernels}")

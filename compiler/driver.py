@@ -25,7 +25,7 @@ from ..search.budget import Deadline, parse_budget
 from ..search.tunedb import TuneDB
 from .loop import GraphReport, compile_graph
 from .progress import CompileDisplay
-from .worker import IsolatedEvaluate
+from .worker import IsolatedEvaluate, check_width
 
 TUNE_SEQ = 32             # the prompt length decode's caches come from, and prefill's first bucket
 LONG_PROMPTS = (512, 2048)   # ... and the lengths of the longer prefill buckets (where max_seq has room)
@@ -100,8 +100,8 @@ def finish_journal(out: str | Path | None) -> None:
 
 
 def _search(graphs: dict[str, tuple[Graph, list[np.ndarray], float]], budget: Deadline, *, backend,
-            backend_name: str, db_path, compile_id: str, seed: int, display: CompileDisplay, max_candidates: int
-            ) -> tuple[dict[str, CompiledGraph], dict, dict]:
+            backend_name: str, db_path, compile_id: str, seed: int, display: CompileDisplay, max_candidates: int,
+            workers: int | None = None) -> tuple[dict[str, CompiledGraph], dict, dict]:
     """Each graph (graph, call inputs, weight) searched within its weight's share of the budget
     left when it starts on `backend` (made before the model was lowered: a machine without the
     backend is told at once): the budget is wall time, what one graph overran the next ones lose."""
@@ -112,7 +112,7 @@ def _search(graphs: dict[str, tuple[Graph, list[np.ndarray], float]], budget: De
     tuning_key = fingerprint_id({**hardware, **timing})
     compiled, reports = {}, {}
     with TuneDB(db_path or TuneDB.default_path()) as db:
-        worker = IsolatedEvaluate(backend_name, db.path, tuning_key)   # one for every graph
+        worker = IsolatedEvaluate(backend_name, db.path, tuning_key, width=workers)   # for every graph
         try:
             left = sum(weight for _, _, weight in graphs.values())
             for name, (graph, args, weight) in graphs.items():
@@ -150,20 +150,22 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
                db: str | Path | None = None, out: str | Path | None = None, resume: bool = False,
                tokenizer=None, seed: int = 0, progress: bool = True,
                max_candidates: int = 100_000, lowered=None, all_logits: bool = False,
-               name: str | None = None) -> CompiledModel:
+               name: str | None = None, workers: int | None = None) -> CompiledModel:
     """Compile a transformers causal LM (batch 1, static KV cache of max_seq positions) into a
     prefill program and a decode program, each searched and tuned on this machine. `lowered`:
     graphs already lowered (`frontend.hf.load_lowered`), for a machine whose torch cannot export
     the model. Prefill's logits are the last position's ([1, 1, vocab], what generation samples
     from) unless `all_logits`. `budget`: wall time after lowering (10 minutes by default; with
     `resume`, what the interrupted compile had left unless given). `name`: the model's, as the
-    report and `kiln info` show it (its architecture otherwise)."""
+    report and `kiln info` show it (its architecture otherwise). `workers`: processes measuring
+    candidates side by side (compiler/worker.py: default_width by default)."""
     from ..frontend import hf
     given = budget if isinstance(budget, (int, float)) or budget is None else parse_budget(budget)
     traced_seq = lowered.max_seq if lowered is not None else max_seq
     what = hashlib.sha256(f"lm {type(model).__name__} {model.config.to_json_string()} {traced_seq} "
                           f"{backend} {all_logits}".encode()).hexdigest()[:16]
     seconds = given if given is not None else DEFAULT_BUDGET_S
+    check_width(backend, workers)
     runner = make_backend(backend)      # a machine without it is told before anything is written
     journal = _journal(out, resume, what, db, seconds)     # checked before minutes of lowering
     if resume:
@@ -177,12 +179,13 @@ def compile_lm(model, max_seq: int = 256, backend: str = "cpu", budget: str | fl
         return _compile_lowered(model, lowered, deadline=Deadline(seconds), backend=backend, runner=runner,
                                 db=db, out=out,
                                 tokenizer=tokenizer, seed=seed, display=display, max_candidates=max_candidates,
-                                all_logits=all_logits, name=name, compile_id=compile_id, seconds=seconds)
+                                all_logits=all_logits, name=name, compile_id=compile_id, seconds=seconds,
+                                workers=workers)
 
 
 def _compile_lowered(model, lowered, *, deadline: Deadline, backend: str, runner, db, out, tokenizer, seed: int,
                      display: CompileDisplay, max_candidates: int, all_logits: bool, name: str | None,
-                     compile_id: str, seconds: float) -> CompiledModel:
+                     compile_id: str, seconds: float, workers: int | None) -> CompiledModel:
     """compile_lm after lowering: what the budget (`deadline`) covers."""
     from ..frontend import hf
     from ..ir.tensors import kiln_dtype
@@ -208,7 +211,7 @@ def _compile_lowered(model, lowered, *, deadline: Deadline, backend: str, runner
          **{name: (prefill, prompt_args(prefill, prompts[name]), prefill_share) for name in buckets}},
         deadline, backend=runner, backend_name=backend, db_path=db, compile_id=compile_id, seed=seed,
         display=display,
-        max_candidates=max_candidates)
+        max_candidates=max_candidates, workers=workers)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     info = {"vocab_size": lowered.vocab_size, "max_seq": max_seq,
             "cache_shape": list(lowered.cache.shape), "cache_dtype": kiln_dtype(lowered.cache.dtype).value,
@@ -252,13 +255,14 @@ def decode_buckets(max_seq: int) -> dict[str, tuple[int, int]]:
 
 def compile(module, args: tuple, dynamic_shapes=None, backend: str = "cpu",
             budget: str | float = "10m", db: str | Path | None = None, seed: int = 0,
-            progress: bool = True, max_candidates: int = 100_000) -> CompiledModel:
+            progress: bool = True, max_candidates: int = 100_000, workers: int | None = None) -> CompiledModel:
     """Compile any module torch.export accepts; call the result like the module."""
     from ..frontend.lower import lower
     from ..ir.tensors import to_numpy
     import torch
     from torch.utils import _pytree as pytree
     seconds = budget if isinstance(budget, (int, float)) else parse_budget(budget)
+    check_width(backend, workers)
     runner = make_backend(backend)
     with CompileDisplay(progress) as display:
         display.stage(f"lowering {type(module).__name__}")
@@ -268,7 +272,7 @@ def compile(module, args: tuple, dynamic_shapes=None, backend: str = "cpu",
         compiled, reports, hardware = _search({"forward": (graph, arrays, 1.0)}, deadline, backend=runner,
                                               backend_name=backend,
                                               db_path=db, compile_id=uuid.uuid4().hex, seed=seed,
-                                              display=display, max_candidates=max_candidates)
+                                              display=display, max_candidates=max_candidates, workers=workers)
     return CompiledModel("module", compiled, _spent(seconds, deadline), hardware, None, {"graphs": reports})
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -43,7 +43,8 @@ KERNEL_TIMING_PASSES = 2
 # program scheduled; built (its kernels rendered and compiled in their default configurations);
 # its outputs and each configuration's checked; the configurations' sources rendered and compiled;
 # the configurations timed; the rest (the tuning database's look-ups, arguments bound)
-PHASES = ("schedule", "build", "check", "render", "compile", "time", "bookkeeping")
+# and, where workers take turns on the device, the wait for its turn
+PHASES = ("schedule", "build", "check", "render", "compile", "time", "device wait", "bookkeeping")
 
 
 def kernel_space(backend, kernel: Kernel, recorded: bool, fixed: frozenset[str] = frozenset()) -> list:
@@ -83,9 +84,9 @@ def _always_measured(rows: list) -> list:
 
 class _KernelRecords:
     """The tuning database's records of the kernels one tuning weighs, read in two queries and kept
-    current by the tuning's own writes, which go through to the database (nothing else writes
-    them meanwhile: a compile's parent tunes a finalist only while its worker waits), where each
-    configuration's record was looked up six times or so, one query each."""
+    current by the tuning's own writes, which go through to the database, where each
+    configuration's record was looked up six times or so, one query each. Another worker
+    measuring the same new kernel meanwhile costs a second measurement, never a wrong one."""
 
     def __init__(self, db: TuneDB, fingerprint: str, names):
         self.db, self.fingerprint = db, fingerprint
@@ -119,9 +120,12 @@ class _KernelRecords:
 class Measurer:
     def __init__(self, backend, db: TuneDB, fingerprint: str, region: Region, max_configs: int = 12,
                  search_configs: int = 4, deadline: Deadline | None = None,
-                 on_trial: Callable[[str, str, dict], None] = lambda name, config, symbols: None):
+                 on_trial: Callable[[str, str, dict], None] = lambda name, config, symbols: None,
+                 device: AbstractContextManager | None = None):
         """`on_trial(kernel name, config key, symbols)` is called before a kernel configuration's
-        first launch (a worker process notes it, to blame it if the process dies)."""
+        first launch (a worker process notes it, to blame it if the process dies). `device`: held
+        while kernels run (built, checked, timed), where workers take turns on the device;
+        scheduling, rendering and compiling run outside it."""
         self.backend, self.db, self.fingerprint = backend, db, fingerprint
         self.region, self.max_configs, self.deadline = region, max_configs, deadline
         # a candidate in the search has its kernels' first `search_configs` configurations timed
@@ -135,6 +139,7 @@ class Measurer:
         self.kernels_measured = 0
         self._recorded = isinstance(backend, Recording) and region.recorded
         self.spent: dict[str, float] = {}        # the current evaluation's seconds by phase
+        self.device = device
 
     @contextmanager
     def _phase(self, name: str):
@@ -143,6 +148,19 @@ class Measurer:
             yield
         finally:
             self.spent[name] = self.spent.get(name, 0.0) + time.perf_counter() - start
+
+    @contextmanager
+    def _on_device(self):
+        """The device to this measurer alone (the wait for it accounted), where it is shared."""
+        if self.device is None:
+            yield
+            return
+        with self._phase("device wait"):
+            self.device.__enter__()
+        try:
+            yield
+        finally:
+            self.device.__exit__(None, None, None)
 
     # --- the tuner's callables ----------------------------------------------------------------
     def evaluate(self, outputs: list[Node], variant: str, finalist: bool = False) -> Outcome:
@@ -155,13 +173,16 @@ class Measurer:
         graph = self.region.graph(outputs)
         with self._phase("schedule"):
             program = schedule(graph, POLICIES[variant])
+        defaults = [self.backend.default_config(k) for k in program.kernels]
         try:
             with self._phase("build"):
-                executor = Executor(graph, program, [self.backend.default_config(k) for k in program.kernels],
-                                    self.backend, reuse=False, sizes=self.region.sizes)
+                # compiled before the device is taken: the executor finds its functions compiled
+                self.backend.compile(dict(self.backend.render(k, c) for k, c in zip(program.kernels, defaults)))
+            with self._on_device(), self._phase("build"):
+                executor = Executor(graph, program, defaults, self.backend, reuse=False, sizes=self.region.sizes)
         except CompileError as err:
             return Outcome("compile", None, str(err)[-500:])
-        with self._phase("check"):
+        with self._on_device(), self._phase("check"):
             args = self._fresh_args()
             got = executor.host_outputs(*args)
             bad = next(((k, b) for k, (g, w) in enumerate(zip(got, self.region.want))
@@ -308,19 +329,22 @@ class Measurer:
                 if (self._records.time(name, c.key(), symbols) is None
                         and not self._records.failed(name, c.key(), symbols)):
                     pending.setdefault(name, (i, c, src))
+        if not pending:
+            return
         with self._phase("compile"):
-            functions = self.backend.compile({n: src for n, (_, _, src) in pending.items()}) if pending else {}
-        for name, (i, config, _) in pending.items():
-            kernel = kernels[i]
-            with self._phase("check"):
-                expected = [self.backend.to_host(executor.result(out.name, inputs, env), out.dtype).copy()
-                            for out in kernel.outputs]
-            self._measure(kernel, executor, inputs, env, launch_args[i], functions[name], name,
-                          config, options[i][0], expected)
-            # the default configuration's output back in place: the kernels measured next read it,
-            # and a configuration just rejected as wrong may have left its output there
-            with self._phase("check"):
-                executor.launch(i, launch_args[i], env)
+            functions = self.backend.compile({n: src for n, (_, _, src) in pending.items()})
+        with self._on_device():
+            for name, (i, config, _) in pending.items():
+                kernel = kernels[i]
+                with self._phase("check"):
+                    expected = [self.backend.to_host(executor.result(out.name, inputs, env), out.dtype).copy()
+                                for out in kernel.outputs]
+                self._measure(kernel, executor, inputs, env, launch_args[i], functions[name], name,
+                              config, options[i][0], expected)
+                # the default configuration's output back in place: the kernels measured next read
+                # it, and a configuration just rejected as wrong may have left its output there
+                with self._phase("check"):
+                    executor.launch(i, launch_args[i], env)
 
     def _confirm_rows(self, executor: Executor, launch_args, env, options) -> None:
         """Time again each measured configuration with fewer than KERNEL_TIMING_PASSES passes
@@ -337,10 +361,12 @@ class Measurer:
                 return
             with self._phase("compile"):
                 functions = self.backend.compile({n: src for (n, _), (_, _, src) in pending.items()})
-            for (name, _), (i, config, _) in pending.items():
-                launch = self.backend.launcher(functions[name], kernels[i], config)
-                times = self._time(kernels[i], executor, launch, launch_args[i], env)
-                self._records.confirm(name, config.key(), options[i][0], statistics.median(times), len(times))
+            with self._on_device():
+                for (name, _), (i, config, _) in pending.items():
+                    launch = self.backend.launcher(functions[name], kernels[i], config)
+                    times = self._time(kernels[i], executor, launch, launch_args[i], env)
+                    self._records.confirm(name, config.key(), options[i][0], statistics.median(times),
+                                          len(times))
 
     def _time(self, kernel: Kernel, executor: Executor, launch, args, env) -> list[float]:
         weights = [executor.arrays[b.name] for b in kernel.inputs

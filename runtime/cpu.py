@@ -23,6 +23,7 @@ from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_lib
 from ..ir.dtypes import DType
 from ..ir.errors import CompileError, KilnError
 from .cpu_region import RegionRunner
+from .hardware import usable_cores
 from .library import ArrayInterop, LibraryKernel
 from .openmp import BRIEF_SPIN
 
@@ -146,7 +147,8 @@ class CpuBackend:
         root = cache_dir()
         missing = [n for n in functions if self._object_of(root, n) is None]
         if missing:
-            chunks = [missing[i::os.cpu_count() or 2] for i in range(min(len(missing), os.cpu_count() or 2))]
+            cores = usable_cores()
+            chunks = [missing[i::cores] for i in range(min(len(missing), cores))]
             with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
                 list(pool.map(lambda chunk: self._build_chunk(root, chunk, functions), chunks))
         for name in functions:
@@ -364,7 +366,7 @@ def _host_array(pointer: ctypes.c_void_p, dtype: DType, count: int) -> np.ndarra
     return np.frombuffer(raw, dtype=np.uint8).view(dtype.np)
 
 
-_BLAS_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+_BLAS_THREADS = usable_cores()
 _BLAS_POOL = ThreadPoolExecutor(max_workers=_BLAS_THREADS, thread_name_prefix="kiln-blas")
 _SPLIT_COLUMNS = 64        # the fewest columns a thread's part of a product is worth
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -23,6 +22,7 @@ from ..ir.dtypes import DType
 from ..ir.errors import CompileError, KilnError
 from .cublas import (COMPUTE_32F, COMPUTE_32F_FAST_TF32, IMPLEMENTATION, TF32, CublasGemm, before_capture,
                      plan)
+from .hardware import usable_cores
 from .library import ArrayInterop, LibraryKernel
 
 _MAX_BLOCKS = 65535 * 8      # the grid-stride loop covers the rest
@@ -133,7 +133,7 @@ class CudaBackend:
                                                COMPUTE_32F_FAST_TF32 if tf32 else COMPUTE_32F)
         missing = sorted(n for n in functions if n not in self._functions)
         if missing:
-            with ThreadPoolExecutor(max_workers=min(len(missing), os.cpu_count() or 4)) as pool:
+            with ThreadPoolExecutor(max_workers=min(len(missing), usable_cores())) as pool:
                 for name, fn in zip(missing, pool.map(lambda n: self._compile_one(n, functions[n]), missing)):
                     self._functions[name] = fn
         return {n: self._functions[n] for n in functions}

@@ -38,6 +38,11 @@ def _gcc_version() -> str | None:
     return out.stdout.strip() or None
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def fingerprint_cpu() -> dict:
     info = _cpuinfo()
     machine = platform.machine()
@@ -45,12 +50,10 @@ def fingerprint_cpu() -> dict:
     # 64-bit ARM always has NEON; Linux lists it there as "asimd"
     if "asimd" in flags or machine in ("aarch64", "arm64"):
         flags.add("neon")
-    cores = os.cpu_count()
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
     return {
         "cpu": info.get("model name") or platform.processor() or "unknown",
-        "logical_cores": cores,
-        "usable_cores": usable,
+        "logical_cores": os.cpu_count(),
+        "usable_cores": usable_cores(),
         "isa": [flag for flag in ISA_FLAGS if flag in flags],
         "gcc": _gcc_version(),
         "os": platform.system(),

@@ -7,7 +7,8 @@
 # (`python scripts/lower_test_cases.py`; carry lowered/heads64_bf16 and lowered/heads64_f32 at least).
 #   STEPS="tests debug compile bench gemm gemv attention ncu long moe smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
 #   tests), TEST_TIMEOUT (each test), NCU_TABLE (attention, or gemm: one tensor-core GEMM launch),
-#   DEBUG_TIMEOUT, BENCH_TIMEOUT, LONG_TIMEOUT, CLI_TIMEOUT in seconds. `long` times decode as the
+#   DEBUG_TIMEOUT, BENCH_TIMEOUT, LONG_TIMEOUT, CLI_TIMEOUT in seconds; COMPILE_WORKERS (the
+#   compile step's --workers, its default where unset). `long` times decode as the
 #   context grows, from its own empty database, on lowered/llama1b-4096 (`kiln lower llama-3.2-1b
 #   --max-seq 4096 --dtype bfloat16`). `smollm2` and `cli` need SmolLM2's gguf in parts (below);
 #   `smollm2` lowered/smollm2 (`kiln lower smollm2 --max-seq 704 --dtype bfloat16`), `cli`
@@ -81,7 +82,8 @@ if [[ $steps == *compile* ]]; then
   resume=$([ -f build/.$art.kiln-compile.json ] && echo --resume || echo --budget "${COMPILE_BUDGET:-10m}")
   { [ $compile_model != smollm2 ] || smollm2_weights; } &&
   timeout "${COMPILE_TIMEOUT:-540}" python3 -m kiln.cli compile $compile_model --backend cuda --lowered $compile_lowered \
-    --dtype bfloat16 --max-seq $compile_max_seq --out build/$art --db build/gpu-tune.sqlite $resume 2>&1 \
+    --dtype bfloat16 --max-seq $compile_max_seq --out build/$art --db build/gpu-tune.sqlite $resume \
+    ${COMPILE_WORKERS:+--workers $COMPILE_WORKERS} 2>&1 \
     | grep -v Warning | tee -a "$out/compile.log" | tail -15
 fi
 if [[ $steps == *bench* ]]; then

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import time
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -67,6 +68,15 @@ class Winner:
     genome: tuple | None = None        # its choice in the e-graph (None: the program as lowered)
 
 
+def _outcome(evaluate: Callable[[], Outcome]) -> Outcome:
+    try:
+        return evaluate()
+    except KilnError:          # the machine's problem (no compiler ...), not the candidate's
+        raise
+    except Exception as err:   # a candidate that breaks the backend is rejected, not fatal
+        return Outcome("crash", None, f"{type(err).__name__}: {err}")
+
+
 class RegionTuner:
     def __init__(self, region: str, label: str, original: Sequence[Node], saturated: Saturated | None,
                  variants: Sequence[str], evaluate: Callable[[list[Node], str], Outcome],
@@ -82,12 +92,17 @@ class RegionTuner:
         self.ok: list[tuple] = []          # estimate, key, variant, outputs, genome
         self.start = time.monotonic()
         self.lowered_measured = False
+        # an `evaluate` that measures several candidates side by side (compiler/worker.py) takes
+        # them through `submit`; the candidates in flight, with what noting each one needs
+        self.width = getattr(evaluate, "width", 1) if hasattr(evaluate, "submit") else 1
+        self._flying: dict[Future, tuple] = {}
 
     def measure_lowered(self, deadline: Deadline) -> float | None:
         """The program as lowered under the first variant, always (whatever the deadline): what the
         region costs before any search; None where it is not valid. `run` tries the other variants."""
         self.deadline = deadline
         self._try(ORIGINAL, None, self.original, self.variants[:1])
+        self._land(everything=True)
         self.lowered_measured = True
         return self.progress.best_s
 
@@ -101,6 +116,7 @@ class RegionTuner:
             self._try(ORIGINAL, None, self.original, self.variants[1:], first_always=False)
         else:
             self._try(ORIGINAL, None, self.original)
+        self._land(everything=True)
         seen = {ORIGINAL}
         view = self.saturated.graph if self.saturated else None
         lowered_s = [e for e, key, *_ in self.ok if key.startswith(ORIGINAL + "/")]
@@ -114,7 +130,7 @@ class RegionTuner:
         # past the deadline the draw goes on while it meets candidates the database already holds
         # (a resumed compile replays the interrupted one's draws, at no cost, up to where it stopped)
         replaying = True
-        while view is not None and replaying and self.progress.tried < max_candidates:
+        while view is not None and replaying and self._started < max_candidates:
             if len(self.scored) >= 2:
                 batch = extract.genetic_candidates(view, list(self.scored.items()), BATCH, self.rng)
             elif self.scored:      # the neighbours besides a whole round of random programs
@@ -126,7 +142,7 @@ class RegionTuner:
             if not fresh:
                 break                       # the space is exhausted
             for candidate in fresh:
-                if self.progress.tried >= max_candidates:
+                if self._started >= max_candidates:
                     break
                 if deadline.expired and not self._recorded(candidate.key):
                     replaying = False
@@ -136,7 +152,13 @@ class RegionTuner:
                 self._try(candidate.key, candidate.genome, outputs)
         for key, variant, outputs in remembered:
             self._try(key, None, outputs, [variant])
+        self._land(everything=True)
         return self._final({f"{key}/{variant}" for key, variant, _ in remembered})
+
+    @property
+    def _started(self) -> int:
+        """Candidates tried or in flight."""
+        return self.progress.tried + len(self._flying)
 
     def _recorded(self, key: str) -> bool:
         return any(self.db.candidate(self.compile_id, self.region, f"{key}/{variant}") is not None
@@ -150,21 +172,33 @@ class RegionTuner:
             # the original's first variant always runs; what the database holds costs nothing
             if (k or not first_always) and self.deadline.expired and record is None:
                 break
-            if record is None:
-                try:
-                    outcome = self.evaluate(outputs, variant)
-                except KilnError:          # the machine's problem (no compiler ...), not the candidate's
-                    raise
-                except Exception as err:   # a candidate that breaks the backend is rejected, not fatal
-                    outcome = Outcome("crash", None, f"{type(err).__name__}: {err}")
-                self.db.record_candidate(self.compile_id, self.region, name, outcome.status,
-                                         outcome.estimate_s, detail=outcome.detail)
-                self.progress.measured += 1
-                for phase, seconds in outcome.spent.items():
-                    self.progress.spent[phase] = self.progress.spent.get(phase, 0.0) + seconds
+            job = (name, variant, outputs, genome)
+            if record is not None:
+                self._note(Outcome(record.status, record.estimate_s, record.detail), *job)
+            elif self.width > 1:
+                while len(self._flying) >= self.width:
+                    self._land()
+                self._flying[self.evaluate.submit(outputs, variant)] = job
             else:
-                outcome = Outcome(record.status, record.estimate_s, record.detail)
-            self._note(outcome, name, variant, outputs, genome)
+                self._measured(_outcome(lambda: self.evaluate(outputs, variant)), job)
+
+    def _land(self, everything: bool = False) -> None:
+        """Note the candidates in flight that are done: at least one, or all of them."""
+        while self._flying:
+            done, _ = wait(self._flying, return_when=ALL_COMPLETED if everything else FIRST_COMPLETED)
+            for future in done:
+                self._measured(_outcome(future.result), self._flying.pop(future))
+            if not everything:
+                return
+
+    def _measured(self, outcome: Outcome, job: tuple) -> None:
+        name = job[0]
+        self.db.record_candidate(self.compile_id, self.region, name, outcome.status,
+                                 outcome.estimate_s, detail=outcome.detail)
+        self.progress.measured += 1
+        for phase, seconds in outcome.spent.items():
+            self.progress.spent[phase] = self.progress.spent.get(phase, 0.0) + seconds
+        self._note(outcome, *job)
 
     def _note(self, outcome: Outcome, key: str, variant: str, outputs, genome) -> None:
         p = self.progress

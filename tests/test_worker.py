@@ -190,14 +190,14 @@ def test_one_worker_serves_region_after_region(tmp_path, monkeypatch):
     try:
         evaluate_.load(first)
         assert evaluate_(outputs, VARIANT).status == "ok"
-        pid = evaluate_._proc.pid
+        pid = evaluate_._processes[0]._proc.pid
         evaluate_.load(second)
         assert evaluate_(outputs, VARIANT).status == "ok"
-        assert evaluate_._proc.pid == pid and evaluate_.restarts == 0
+        assert evaluate_._processes[0]._proc.pid == pid and evaluate_.restarts == 0
         # the worker checks against the region it holds: the first region's reference fails here
         evaluate_.load(Region([x], weights, {}, args, first.want))
         assert evaluate_(outputs, VARIANT).status == "wrong"
-        assert evaluate_._proc.pid == pid
+        assert evaluate_._processes[0]._proc.pid == pid
     finally:
         evaluate_.close()
 
@@ -225,7 +225,7 @@ def test_a_worker_stuck_in_a_kernel_exits_when_its_parent_is_killed(tmp_path, mo
     try:
         deadline, hung = time.monotonic() + 120, None
         while hung is None and time.monotonic() < deadline:
-            trial = next(tmp_path.glob("kiln-worker-*/trial.json"), None)
+            trial = next(tmp_path.glob("kiln-worker-*/trial-*.json"), None)
             try:
                 current = json.loads(trial.read_text()) if trial else {}
             except (OSError, ValueError):   # written as we read, or gone between its trials
@@ -299,7 +299,8 @@ def test_a_candidates_time_is_accounted_by_phase(tmp_path, monkeypatch):
     finally:
         evaluate_.close()
     assert outcome.status == "ok"
-    assert set(outcome.spent) == {*PHASES, "round trip"}
+    # one worker has the device to itself: it never waits for a turn
+    assert set(outcome.spent) == {*PHASES, "round trip"} - {"device wait"}
     assert all(seconds >= 0 for seconds in outcome.spent.values())
     assert outcome.spent["compile"] > 0 and outcome.spent["time"] > 0
     assert sum(outcome.spent.values()) == pytest.approx(wall, rel=0.05, abs=0.01)
