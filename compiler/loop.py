@@ -152,7 +152,8 @@ class _RegionSearch:
         self._finalists_tuned: set[tuple] = set()
         self.tuner = RegionTuner(key, self.label, rep.outputs, None, variants,
                                  isolated or self.measurer.evaluate, self._end_to_end, db, compile_id, seed,
-                                 lambda p: on_progress(p, self.deadline.remaining()))
+                                 lambda p: on_progress(p, self.deadline.remaining()),
+                                 prepare_finalists=self._tune_finalists)
 
     def _remembered(self) -> dict[str, tuple[str, list[Node], list[str]]]:
         """Earlier compiles' fastest winners of this region on this hardware, by candidate key:
@@ -186,12 +187,23 @@ class _RegionSearch:
         only itself; candidates evaluated late had only their default configurations timed), then
         it is timed whole (the tuner times each finalist more than once; its kernels are tuned once)."""
         self.measurer.deadline = self.share
-        tuning = (variant, *map(id, outputs))        # the tuner keeps a finalist's outputs alive
-        if self.isolated and tuning not in self._finalists_tuned:
-            self.isolated.deadline = self.share
-            self.isolated(outputs, variant, finalist=True)
-            self._finalists_tuned.add(tuning)
+        self._tune_finalists([(outputs, variant)])
         return self.measurer.end_to_end(outputs, variant)
+
+    def _tune_finalists(self, finalists: list[tuple[list[Node], str]]) -> None:
+        """Every configuration of the finalists' kernels measured in the workers, side by side
+        where there are several (once per finalist)."""
+        if not self.isolated:
+            return
+        self.isolated.deadline = self.share
+        # the tuner keeps a finalist's outputs alive: their ids name it
+        fresh = {(variant, *map(id, outputs)): (outputs, variant) for outputs, variant in finalists}
+        fresh = [finalist for key, finalist in fresh.items() if key not in self._finalists_tuned]
+        # finalists share most of their kernels: the first tunes those, the rest then their own
+        for batch in (fresh[:1], fresh[1:]):
+            for future in [self.isolated.submit(outputs, variant, finalist=True) for outputs, variant in batch]:
+                future.result()
+        self._finalists_tuned.update((variant, *map(id, outputs)) for outputs, variant in fresh)
 
     def run(self, share: Deadline, rules, max_candidates: int, report: GraphReport, choices: dict) -> None:
         """Saturate, search and tune by `share`; records the choice and the report. The search stops

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -176,7 +177,7 @@ class CpuBackend:
             _build(unit, so)
         for name in names:
             ref = root / f"{name}.ref"
-            tmp = ref.with_suffix(f".tmp{os.getpid()}")
+            tmp = ref.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")   # threads of one process too
             tmp.write_text(so.name)
             os.replace(tmp, ref)
 

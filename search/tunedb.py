@@ -17,6 +17,7 @@ from ..ir.errors import KilnError
 
 SCHEMA_VERSION = 2
 FAILURE_REASONS = frozenset({"wrong", "nan", "crash", "timeout", "compile"})
+BUSY_TIMEOUT_S = 30.0        # a connection waits this long for another's write instead of failing
 CANDIDATE_STATUSES = FAILURE_REASONS | {"ok"}
 
 _KERNEL_KEY = "fingerprint TEXT NOT NULL, source_hash TEXT NOT NULL, config TEXT NOT NULL, " \
@@ -75,10 +76,9 @@ class TuneDB:
     def __init__(self, path: str | Path):
         self.path = Path(path).expanduser()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # the timeout lets a second compile wait out another's write instead of failing
-        self._conn = sqlite3.connect(self.path, timeout=30.0)
+        self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S)
         try:
-            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._write_ahead()
             # a commit reaches the write-ahead log, not the disk: a process killed (even by SIGKILL)
             # loses nothing, an OS crash at most the last commits, never the file's consistency;
             # a measured kernel's record took 0.4-0.8 ms synced, half a decode candidate's
@@ -92,6 +92,20 @@ class TuneDB:
                 raise KilnError(f"kiln: the tuning database {self.path} is unreadable ({err}); "
                                 "delete it or pass --db with another path") from err
             raise
+
+    def _write_ahead(self) -> None:
+        """The write-ahead log, which lets one process write while others read. Switching a new
+        file to it takes a lock that SQLite's busy timeout does not wait for: two workers opening
+        a new file at once saw "database is locked" at once; the switch is retried instead."""
+        waited = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) or time.monotonic() > waited:
+                    raise
+                time.sleep(0.01)
 
     @staticmethod
     def default_path() -> Path:

@@ -81,9 +81,13 @@ class RegionTuner:
     def __init__(self, region: str, label: str, original: Sequence[Node], saturated: Saturated | None,
                  variants: Sequence[str], evaluate: Callable[[list[Node], str], Outcome],
                  end_to_end: Callable[[list[Node], str], float], db: TuneDB, compile_id: str,
-                 seed: int = 0, on_progress: Callable[[Progress], None] = lambda p: None):
+                 seed: int = 0, on_progress: Callable[[Progress], None] = lambda p: None,
+                 prepare_finalists: Callable[[list[tuple[list[Node], str]]], None] = lambda finalists: None):
+        """`prepare_finalists([(outputs, variant), ...])`: the finalists about to be timed end to
+        end, all at once (the backend may tune their kernels side by side first)."""
         self.region, self.original, self.saturated = region, list(original), saturated
         self.variants, self.evaluate, self.end_to_end = list(variants), evaluate, end_to_end
+        self.prepare_finalists = prepare_finalists
         self.db, self.compile_id = db, compile_id
         self.rng = random.Random(seed)
         self.progress = Progress(label)
@@ -237,6 +241,7 @@ class RegionTuner:
             if record and record.end_to_end_s:
                 seconds[row[1]] = record.end_to_end_s
         untimed = [row for row in finalists if row[1] not in seconds]
+        self.prepare_finalists([(outputs, variant) for _, _, variant, outputs, _ in untimed])
         for _ in range(TIMING_PASSES):
             for estimate, key, variant, outputs, genome in untimed:
                 seconds[key] = min(seconds.get(key, float("inf")), self.end_to_end(outputs, variant))
