@@ -27,14 +27,25 @@ class Call:
     buffers: tuple[int, ...]
 
 
-def emit_runner(steps: list[list[Call]]) -> tuple[str, str]:
+def emit_runner(steps: list[list[Call]], seconds_slot: int | None = None) -> tuple[str, str]:
     """(function name, C source) of `void name(int64_t step, void* const* fn, void* const* buf)`,
-    which makes the calls of `steps[step]`."""
-    lines = ["void RUNNER(int64_t kiln_step, void* const* restrict kiln_fn, void* const* restrict kiln_buf) {",
-             "  switch (kiln_step) {"]
+    which makes the calls of `steps[step]`. With `seconds_slot`, a diagnostic runner of the same
+    signature: it writes each call's wall time (a kernel's time as it runs in the region, between
+    the others) into the `double` array at `buf[seconds_slot]`, at the call's function-table slot."""
+    timed = seconds_slot is not None
+    lines = ["double omp_get_wtime(void);"] if timed else []
+    lines += ["void RUNNER(int64_t kiln_step, void* const* restrict kiln_fn, void* const* restrict kiln_buf) {"]
+    if timed:
+        lines.append(f"  double* restrict kiln_seconds = (double*)kiln_buf[{seconds_slot}];")
+    lines.append("  switch (kiln_step) {")
     for k, step in enumerate(steps):
         lines.append(f"  case {k}:")
-        lines += [f"    {_call(c)}" for c in step]
+        for c in step:
+            if timed:
+                lines.append(f"    {{ double kiln_start = omp_get_wtime(); {_call(c)} "
+                             f"kiln_seconds[{c.function}] = omp_get_wtime() - kiln_start; }}")
+            else:
+                lines.append(f"    {_call(c)}")
         lines.append("    break;")
     lines += ["  }", "}"]
     draft = "\n".join(lines) + "\n"

@@ -168,7 +168,7 @@ class IsolatedEvaluate:
             self.restarts += restarts
 
     def close(self) -> None:
-        """Stop every worker (a candidate still in flight ends as a crash, never retried)."""
+        """Stop every worker (a candidate still in flight is never answered, nor retried)."""
         self._closing = True
         self._threads.shutdown(wait=False, cancel_futures=True)
         for process in self._processes:

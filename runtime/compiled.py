@@ -229,6 +229,11 @@ class CompiledGraph:
         passed = {id(a) for a in staged}
         return [o if id(o) in passed else o.copy() for o in outputs]
 
+    def forget_recordings(self) -> None:
+        """The next call of each size records anew (after a runner's launches changed: a timed
+        diagnostic run)."""
+        self._recordings.clear()
+
     def _write_symbols(self, env: dict[str, int]) -> None:
         """The symbols' values where every region's kernels read them, once a call."""
         for symbols, buffer in self._symbol_buffers.items():

@@ -126,7 +126,7 @@ def test_the_bench_puts_the_kernel_sum_beside_the_decode_step(tiny):
     """The bench times a real step's kernels one by one, on that step's values (kernel_times):
     the step still computes what a plain one does, and the figures count its kernels and its
     calls (one: the step replays a recording of its regions' calls)."""
-    from kiln.bench.compiled import decode_launch_figures, kernel_times
+    from kiln.bench.compiled import decode_launch_figures, kernel_times, kernel_times_in_step
     from kiln.ir.decode import CACHES_START, decode_args
     _, compiled, _ = tiny
     decode = compiled.graphs["decode"]
@@ -134,17 +134,21 @@ def test_the_bench_puts_the_kernel_sum_beside_the_decode_step(tiny):
     for pos in range(3):       # the first runs launched, the second records, the third replays
         decode(*decode_args(decode.graph, np.array([[pos + 1]]), pos, caches))
     theirs = [c.copy() for c in caches]
+    # the step timed in place first (each region run once more after it: the same cache writes)
+    in_step = kernel_times_in_step(decode, decode_args(decode.graph, np.array([[7]]), 3, caches))
     kernel_sum, outputs = kernel_times(decode, decode_args(decode.graph, np.array([[7]]), 3, caches))
     want = decode(*decode_args(decode.graph, np.array([[7]]), 3, theirs))
     np.testing.assert_array_equal(outputs[0], want[0])
     for mine, other in zip(caches, theirs):
         np.testing.assert_array_equal(mine, other)
-    figures = decode_launch_figures(compiled, 0.5, kernel_sum)
+    figures = decode_launch_figures(compiled, 0.5, kernel_sum, in_step)
     assert figures["kiln_kernels_per_token"] == decode.kernel_count
     assert sum(figures["kiln_decode_kernel_kinds"].values()) == decode.kernel_count
     assert figures["kiln_decode_replayed"] and figures["kiln_launches_per_token"] == 1
     assert 0 < kernel_sum == figures["kiln_decode_kernel_sum_s"]
     assert figures["kiln_decode_step_over_kernel_sum"] == 0.5 / kernel_sum
+    assert 0 < in_step == figures["kiln_decode_kernel_sum_in_step_s"]
+    assert figures["kiln_decode_step_over_kernel_sum_in_step"] == 0.5 / in_step
 
 
 def _modules_after(code: str, *args: str) -> set[str]:

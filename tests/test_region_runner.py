@@ -4,6 +4,8 @@ with symbols, with a library call splitting the region, with the KV cache writte
 survive an artifact's save and load."""
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -69,6 +71,32 @@ def test_a_library_call_splits_the_region_into_steps_around_it():
         value = rng.standard_normal((t, 12)).astype(np.float32)
         for got, want in zip(deployed(value), plain(value)):
             np.testing.assert_array_equal(got, want)
+
+
+def test_a_timed_run_takes_each_kernels_time_where_it_runs_and_computes_the_same():
+    """The diagnostic runner (the bench's kernels timed in the step): every kernel gets a time,
+    the library call between its steps too, and the region computes what the deployed one does."""
+    x = inp("x", (sym("t"), 12))
+    w = inp("w", (10, 12), role="weight")
+    rng = np.random.default_rng(4)
+    graph = Graph([x], [elementwise(Op.ADD, matmul(elementwise(Op.MUL, x, x), permute(w, (1, 0))),
+                                    matmul(x, permute(w, (1, 0))))],
+                  weights={"w": rng.standard_normal((10, 12)).astype(np.float32)}, symbols={"t": (1, 16)})
+    program = schedule(graph, FusionPolicy(0, 0))
+    first = next(i for i, k in enumerate(program.kernels) if as_gemm(k))
+    configs = [LibraryConfig() if i == first else KernelConfig() for i in range(len(program.kernels))]
+    deployed, plain = both_ways(graph, program, configs)
+    value = rng.standard_normal((9, 12)).astype(np.float32)
+    seconds = (ctypes.c_double * len(program.kernels))()
+    deployed.runner.timing(seconds)
+    got = deployed(value)
+    assert all(s > 0 for s in seconds), list(seconds)
+    for mine, want in zip(got, plain(value)):
+        np.testing.assert_array_equal(mine, want)
+    deployed.runner.timing(None)        # plain again: nothing written
+    seconds[:] = [0.0] * len(program.kernels)
+    deployed(value)
+    assert not any(seconds)
 
 
 def test_regions_share_one_scratch_for_their_temporaries(tiny_lm):
