@@ -288,6 +288,23 @@ def test_fp32_greedy_tokens_equal_pytorch_on_the_gpu(tmp_path):
 
 
 @needs_gpu
+def test_workers_side_by_side_on_the_gpu_take_turns_and_agree(tmp_path):
+    """Two workers measure a compile's candidates side by side, taking turns on the GPU: every
+    region's candidates valid, the wait for a turn accounted, greedy tokens still PyTorch's."""
+    model, lm = tiny_case("tiny2_f32")
+    compiled = kiln.compile_lm(model, max_seq=48, backend="cuda", budget="20s", db=tmp_path / "tune.sqlite",
+                               progress=False, lowered=lm, workers=2)
+    regions = [r for g in compiled.report["graphs"].values() for r in g["regions"]]
+    assert all(r["progress"]["valid"] == r["progress"]["tried"] for r in regions)
+    assert any("device wait" in r["progress"]["spent"] for r in regions)
+    ids = [3, 14, 15, 9]
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        want = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False)[0].tolist()
+    assert compiled.generate(ids, max_new_tokens=16) == want
+
+
+@needs_gpu
 def test_bf16_logits_within_2e_2_of_pytorch(tmp_path):
     model, lm = tiny_case("tiny2_bf16")
     compiled = kiln.compile_lm(model, max_seq=32, backend="cuda", budget="20s",
