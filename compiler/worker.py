@@ -111,8 +111,11 @@ class IsolatedEvaluate:
         # alive with its folder: a region's folder names it
         self._weight_folders: dict[tuple, tuple[Path, list]] = {}
         self._processes = [_Process(self, k) for k in range(self.width)]
-        self._idle: queue.Queue = queue.Queue()
-        for process in self._processes:
+        # the worker free longest is taken last: one candidate at a time (a region's program as
+        # lowered, a finalist) keeps to one started worker, and the others start only when
+        # candidates are in flight side by side
+        self._idle: queue.LifoQueue = queue.LifoQueue()
+        for process in reversed(self._processes):
             self._idle.put(process)
         self._threads = ThreadPoolExecutor(max_workers=self.width, thread_name_prefix="kiln-worker")
         if region is not None:

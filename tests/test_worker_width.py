@@ -154,6 +154,21 @@ def test_workers_side_by_side_are_refused_on_the_cpu(tmp_path):
     assert not (tmp_path / "art").exists()
 
 
+def test_one_candidate_at_a_time_keeps_to_one_worker(tmp_path, monkeypatch):
+    """A region's program as lowered and the finalists are measured one at a time: the workers
+    beyond the first start only for candidates in flight side by side."""
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path))
+    region, outputs = _region()
+    evaluate_ = IsolatedEvaluate("cpu", tmp_path / "tune.sqlite", "test-machine", region, timeout_s=60, width=3)
+    try:
+        for variant in list(POLICIES)[:3]:
+            assert evaluate_(outputs, variant).status == "ok"
+        started = [p for p in evaluate_._processes if p._proc is not None]
+    finally:
+        evaluate_.close()
+    assert len(started) == 1
+
+
 @pytest.mark.parametrize("width", [1, 2])
 def test_a_closed_evaluate_leaves_no_worker(tmp_path, monkeypatch, width):
     monkeypatch.setenv("KILN_CACHE", str(tmp_path))
