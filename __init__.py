@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from .runtime import openmp as _openmp   # noqa: F401  first: it bounds OpenMP's spin before libgomp loads
 from .ir import DType, ExportError, Graph, KilnError, KilnTypeError, ShapeError, UnsupportedOp
 
 if TYPE_CHECKING:

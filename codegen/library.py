@@ -1,5 +1,5 @@
 """Library choices: a kernel that is a (batched) matrix product of two strided operands can also
-run as one BLAS call (OpenBLAS through numpy on the CPU, cuBLAS through CuPy on the GPU). It is
+run as one BLAS call (PyTorch's matmul on the CPU, cuBLAS on the GPU). It is
 one more configuration in the kernel's space: the tuner checks and times it beside the generated
 ones and keeps whichever is faster, per kernel and shape.
 

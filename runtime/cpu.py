@@ -26,7 +26,6 @@ from ..ir.errors import CompileError, KilnError
 from .cpu_region import RegionRunner
 from .hardware import usable_cores
 from .library import ArrayInterop, LibraryKernel
-from .openmp import BRIEF_SPIN
 
 # -ffp-contract=off: each operation rounded as the reference interpreter rounds it (gcc would fuse
 # x * x - m into one FMA, whose unrounded product makes softmax's exp2(x² - max x²) differ from 1
@@ -144,6 +143,8 @@ class CpuBackend:
         object per core (gcc's start-up dominates a small kernel's compile); each function's cache
         entry points at the object that holds it."""
         out = {n: LibraryKernel(Gemm.from_source(src), _HOST) for n, src in functions.items() if is_library(n)}
+        if out:
+            _torch()        # imported now, where a program calls it: not inside its first run
         functions = {n: src for n, src in functions.items() if n not in out}
         root = cache_dir()
         missing = [n for n in functions if self._object_of(root, n) is None]
@@ -203,7 +204,7 @@ class CpuBackend:
         one compiled function and one tuning record. A library configuration's source is the
         call's description."""
         if isinstance(config, LibraryConfig):
-            return as_gemm(kernel).rendered("numpy-matmul")
+            return as_gemm(kernel).rendered("torch-matmul")
         if isinstance(config, AttentionConfig):
             draft = emit_c_attention(as_attention(kernel), config, "KERNEL")
         else:
@@ -367,41 +368,34 @@ def _host_array(pointer: ctypes.c_void_p, dtype: DType, count: int) -> np.ndarra
     return np.frombuffer(raw, dtype=np.uint8).view(dtype.np)
 
 
-_BLAS_THREADS = usable_cores()
-_BLAS_POOL = ThreadPoolExecutor(max_workers=_BLAS_THREADS, thread_name_prefix="kiln-blas")
-_SPLIT_COLUMNS = 64        # the fewest columns a thread's part of a product is worth
+@functools.cache
+def _torch():
+    """PyTorch, imported only where a program has a library product (1.3 s on this VM): running
+    an artifact without one never loads it."""
+    import torch
+    return torch
 
 
-def _matmul_on_every_core(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b with its columns split among threads of our own, one BLAS call each (numpy releases
-    the GIL in BLAS): BLAS stays single-threaded (_single_threaded_blas), and these threads sleep
-    between calls where BLAS's own spin and take the cores the generated kernels' OpenMP threads
-    need. SmolLM2's gate projection at 255 rows on this 2-core VM: 5.6 ms one thread, 3.2 ms two.
-    Only where OpenMP's idle threads spin briefly (runtime/openmp.py): beside spinning ones, the
-    split ran a prefill slower than one thread did."""
-    n = b.shape[-1]
-    parts = min(_BLAS_THREADS, n // _SPLIT_COLUMNS) if BRIEF_SPIN else 1
-    if parts < 2:
-        return np.matmul(a, b)
-    out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], n), np.float32)
-    edges = [n * i // parts for i in range(parts + 1)]
-
-    def part(i: int) -> None:
-        np.matmul(a, b[..., edges[i]:edges[i + 1]], out=out[..., edges[i]:edges[i + 1]])
-    list(_BLAS_POOL.map(part, range(parts)))
-    return out
+def _torch_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b by PyTorch's CPU matmul (MKL) on PyTorch's threads, the operands read where they lie.
+    Those threads are the generated kernels' own OpenMP pool (one libgomp a process, whichever
+    loaded it), so no pool spins while the other works: SmolLM2's 64-token prefill on this 2-core
+    VM took 142.5 ms beside 259.0 ms with numpy's BLAS (OpenBLAS) split among threads of Kiln's
+    own, 183.1 where OpenMP's idle spin was bounded (scripts/cpu_library_ab.py). MKL also reads
+    a transposed weight faster (95 GFLOP/s on one core beside OpenBLAS's 78)."""
+    torch = _torch()
+    return torch.matmul(torch.from_numpy(a), torch.from_numpy(b)).numpy()
 
 
 # numpy computes bf16 and f16 through f32 copies (ml_dtypes and numpy convert)
 _HOST = ArrayInterop(np, _host_array, lambda a, dtype: a.astype(np.float32, copy=False),
-                     lambda a, dtype: a.astype(dtype.np, copy=False), _matmul_on_every_core)
+                     lambda a, dtype: a.astype(dtype.np, copy=False), _torch_matmul)
 
 
 def _single_threaded_blas() -> None:
-    """Library kernels (numpy's BLAS) run between OpenMP kernels. BLAS threads keep spinning
-    after a call and take the cores the next kernel's threads need: SmolLM2's prefill on 2 cores
-    ran 4x slower end to end than its kernels timed one by one. With one BLAS thread it ran as
-    fast as PyTorch eager, and decode faster too. This holds for the whole process (numpy's BLAS
-    is the process's), and the tuner measures under the same setting."""
+    """numpy's BLAS (OpenBLAS, the reference interpreter's products) on one thread, for the whole
+    process: OpenBLAS's threads keep spinning after a call and take the cores the OpenMP kernels
+    timed or run next need (SmolLM2's prefill on 2 cores ran 4x slower end to end than its
+    kernels timed one by one while library products were numpy's)."""
     from threadpoolctl import threadpool_limits
     threadpool_limits(limits=1, user_api="blas")

@@ -1,7 +1,7 @@
 """Running an executor's kernels as one C call (codegen/c_runner.py), the CPU backend's deployed
 launch mode: the tables of function and argument addresses are filled when the executor is built
 (weights, the arena and the symbol arrays never move), and a call only writes the addresses of its
-inputs before one ctypes call per step. A library kernel (numpy's BLAS) runs between two steps,
+inputs before one ctypes call per step. A library kernel (PyTorch's matmul) runs between two steps,
 through its own launcher. While the backend records (runtime/cpu.py), a call is recorded instead:
 each step with a copy of the address table as it was, each library call as a callback."""
 from __future__ import annotations

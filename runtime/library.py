@@ -1,5 +1,5 @@
 """Running a library kernel (codegen/library.py) on a backend's memory: strided views of the
-operands, one matmul (BLAS: OpenBLAS through numpy, cuBLAS through CuPy), the product written
+operands, one matmul (PyTorch's on the CPU, cuBLAS through CuPy on the GPU), the product written
 through a strided view of the output. One implementation for both backends; each supplies its
 array module and how its buffers become typed arrays and 16-bit floats become f32 and back."""
 from __future__ import annotations

@@ -204,11 +204,15 @@ class CompiledModel:
                 path = f"kernels/{fn}{backend.source_suffix}"
                 # region runners are made from the programs, like kernels; an artifact written
                 # before there were runners has none to compare (its programs are checked)
-                if is_runner(fn) and not (Path(folder) / path).is_file():
+                present = (Path(folder) / path).is_file()
+                if is_runner(fn) and not present:
                     continue
-                if open_file(path).decode() != src:
-                    raise KilnError(f"kiln: {folder}: kernel {fn} differs from what this Kiln "
-                                    "renders; the artifact is corrupted, compile it again")
+                if not present or open_file(path).decode() != src:
+                    # kernels are named by their sources' hashes: another build of Kiln renders
+                    # (or, for a library call, implements) them otherwise
+                    what = "differs from what this Kiln renders" if present else "(as this Kiln renders it) is missing"
+                    raise KilnError(f"kiln: {folder}: kernel {fn} {what}: the artifact was written by "
+                                    "another build of Kiln, or altered; compile it again")
         report = _json(open_file("report.json"), folder, "report")
         return CompiledModel(manifest["kind"], graphs, manifest["info"], hardware, None, report,
                              Path(folder) / "tokenizer" if manifest.get("tokenizer") else None)

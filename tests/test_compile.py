@@ -229,6 +229,14 @@ def test_corrupted_or_foreign_artifacts_are_refused(tiny, tmp_path):
     bad = _tamper(art, tmp_path / "k", f"kernels/{kernel}", lambda s: s.replace("+", "-", 1), resign=True)
     with pytest.raises(KilnError, match="differs from what this Kiln renders"):
         kiln.load(bad)
+    # an artifact from a build that names a kernel otherwise (its source, or a library call's
+    # implementation, differs): consistent, signed, but without the kernel this Kiln looks for
+    renamed = _tamper(art, tmp_path / "r", f"kernels/{kernel}", lambda s: s)
+    (renamed / "kernels" / kernel).rename(renamed / "kernels" / f"k_0{kernel[2:]}")
+    _tamper(renamed, tmp_path / "r2", "manifest.json", lambda s: s.replace(f"kernels/{kernel}", f"kernels/k_0{kernel[2:]}"),
+            resign=True)
+    with pytest.raises(KilnError, match=rf"kernel {kernel[:-2]} \(as this Kiln renders it\) is missing"):
+        kiln.load(tmp_path / "r2")
     foreign = _tamper(art, tmp_path / "f", "manifest.json",
                       lambda s: s.replace('"cpu": "', '"cpu": "Imaginary CPU 9000 ', 1), resign=True)
     with pytest.raises(KilnError, match="other hardware"):
