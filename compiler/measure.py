@@ -32,6 +32,11 @@ LIBRARY_PRUNE = 4            # a library call or tensor-core product this much f
 # call and the tensor-core template (codegen/cuda_gemm.py)
 PRODUCT_CONFIGS = (LibraryConfig, MmaConfig)
 HOT_SHARE = 0.1              # past the deadline, a kernel with this share of its region's time is still tuned
+# a search candidate's kernel under this share of its region's time (by its default's or library
+# call's time) keeps that configuration: of SmolLM2's 19-kernel decode layer, 11 take 0.2-1.1%
+# (a norm's reciprocal, softmax's pieces), where compiling and timing three more configurations
+# each would cost more than they could save. A finalist's kernels are all tuned.
+SEARCH_SHARE = 0.02
 # a finalist's kernel configurations are each timed in this many passes, apart in time, and the
 # best counts: a burst of load on a shared machine timed SmolLM2's query projection split over
 # two threads at 586 us (its first and only pass), so the one-thread form (82 us) won and cost the
@@ -189,7 +194,8 @@ class Measurer:
                         if (b := mismatch(g, w, self.rtol))), None)
         if bad:
             return Outcome(bad[1][0], None, f"output {bad[0]}: {bad[1][1]}")
-        configs, estimate = self._tune_kernels(executor, args, self.max_configs if finalist else self.search_configs)
+        configs, estimate = self._tune_kernels(executor, args, self.max_configs if finalist else self.search_configs,
+                                               share=0.0 if finalist else SEARCH_SHARE)
         return Outcome("ok", estimate, f"{len(program.kernels)} kernels")
 
     def end_to_end(self, outputs: list[Node], variant: str, repeats: int = 10) -> float:
@@ -257,8 +263,8 @@ class Measurer:
         one set serves a whole check-then-time sequence."""
         return [self.backend.input(np.array(a, copy=True)) for a in self.region.args]
 
-    def _tune_kernels(self, executor: Executor, args, limit: int,
-                      confirm: bool = False) -> tuple[list[KernelConfig], float]:
+    def _tune_kernels(self, executor: Executor, args, limit: int, confirm: bool = False,
+                      share: float = 0.0) -> tuple[list[KernelConfig], float]:
         """Per kernel, the fastest configuration that computes what the default one computed
         (the default's outputs were just checked against the reference through the whole
         program). Returns the configurations and the sum of their times. The default and the
@@ -266,7 +272,9 @@ class Measurer:
         default, the kernel's other generated configurations are not compiled: a 512-token
         prefill layer's products spent most of a candidate's time compiling and timing
         generated GEMMs cuBLAS beat tenfold. `confirm`: every configuration measured is timed
-        until it has KERNEL_TIMING_PASSES passes (a finalist's, whose choice the user keeps)."""
+        until it has KERNEL_TIMING_PASSES passes (a finalist's, whose choice the user keeps).
+        `share`: a kernel under this share of the region's time after the first measurements
+        keeps its configuration (HOT_SHARE past the deadline)."""
         inputs, env = executor.bind(args)
         launch_args = executor.launch_args(inputs, env)
         kernels = executor.program.kernels
@@ -290,8 +298,10 @@ class Measurer:
             # measured: a 60-second budget over a 4,096-position decode left its MLP GEMV at its
             # default, 1.58 TB/s beside 3.30 TB/s tuned (the kernels' other configurations are
             # a few compiles, the program's time the user's for good)
+            share = max(share, HOT_SHARE)
+        if share > 0:
             times = [seconds for seconds, _ in self._fastest(kernels, options)]
-            rest = [rows if seconds >= HOT_SHARE * sum(times) else []
+            rest = [rows if seconds >= share * sum(times) else []
                     for rows, seconds in zip(rest, times)]
         self._measure_rows(executor, inputs, env, launch_args, options, rest)
         if confirm:

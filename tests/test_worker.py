@@ -136,16 +136,9 @@ def test_a_wrong_configuration_does_not_spoil_the_kernels_measured_after_it(tmp_
     assert rejected == [(planted, config)]
 
 
-def test_past_the_deadline_only_the_kernels_that_carry_the_time_are_tuned(tmp_path, monkeypatch):
-    """With the budget spent, a candidate's kernels are timed in the default configuration and,
-    where the product can be one, as a library call (no compile, and it can win by 100x on a
-    large product); a kernel with a tenth of the region's time or more still has its other
-    configurations timed (what the user runs for good), a small one waits for a compile with
-    budget left. Here exp2(x[32, 1024]) times w[1024, 64], then that [32, 64] times v[64]: the
-    second does a thousandth of the first's work."""
-    from kiln.codegen.library import LibraryConfig
-    from kiln.search.budget import Deadline
-    monkeypatch.setenv("KILN_CACHE", str(tmp_path))
+def _big_then_small() -> tuple[Region, Node, list]:
+    """exp2(x[32, 1024]) times w[1024, 64], then that [32, 64] times v[64]: the second product
+    does a thousandth of the first's work. (region, the output, its two kernels in order)."""
     rng = np.random.default_rng(3)
     x = Node(Op.INPUT, name="x", role="input", shape=shape_of((32, 1024, 1)), dtype=DType.F32)
     w = Node(Op.INPUT, name="w", role="weight", shape=shape_of((1, 1024, 64)), dtype=DType.F32)
@@ -160,20 +153,56 @@ def test_past_the_deadline_only_the_kernels_that_carry_the_time_are_tuned(tmp_pa
     args = [rng.standard_normal((32, 1024, 1)).astype(np.float32)]
     want = evaluate([small], {x: args[0], w: weights["w"], v: weights["v"]}, {})
     region = Region([x], weights, {}, args, want)
-    backend = CpuBackend()
     kernels = schedule(region.graph([small]), POLICIES[VARIANT]).kernels
     assert len(kernels) == 2          # in order: the large product, then the small one reading it
+    return region, small, kernels
+
+
+def _timed_configs(tmp_path, deadline, finalist: bool) -> tuple[list, list]:
+    """Each kernel's configurations a candidate's evaluation timed, and those it could have."""
+    from kiln.search.budget import Deadline
+    region, small, kernels = _big_then_small()
+    backend = CpuBackend()
     with TuneDB(tmp_path / "tune.sqlite") as db:
-        measurer = Measurer(backend, db, "test-machine", region, deadline=Deadline(0))
-        outcome = measurer.evaluate([small], VARIANT)
+        measurer = Measurer(backend, db, "test-machine", region,
+                            deadline=None if deadline is None else Deadline(deadline))
+        outcome = measurer.evaluate([small], VARIANT, finalist=finalist)
         assert outcome.status == "ok", outcome
-        searched = [backend.config_space(k)[:measurer.search_configs] for k in kernels]
-        timed = [[c for c in space if db.kernel_time("test-machine", backend.render(k, c)[0], c.key(), {})]
-                 for k, space in zip(kernels, searched)]
-    big_timed, small_timed = timed
-    assert big_timed == searched[0]
-    assert small_timed == [c for c in searched[1] if c is searched[1][0] or isinstance(c, LibraryConfig)]
-    assert len(small_timed) < len(searched[1])
+        limit = measurer.max_configs if finalist else measurer.search_configs
+        space = [backend.config_space(k)[:limit] for k in kernels]
+        timed = [[c for c in configs if db.kernel_time("test-machine", backend.render(k, c)[0], c.key(), {})]
+                 for k, configs in zip(kernels, space)]
+    return timed, space
+
+
+def _kept(space: list) -> list:
+    """The configurations a kernel left untuned is still timed in: its default and library call."""
+    from kiln.codegen.library import LibraryConfig
+    return [c for c in space if c is space[0] or isinstance(c, LibraryConfig)]
+
+
+def test_past_the_deadline_only_the_kernels_that_carry_the_time_are_tuned(tmp_path, monkeypatch):
+    """With the budget spent, a candidate's kernels are timed in the default configuration and,
+    where the product can be one, as a library call (no compile, and it can win by 100x on a
+    large product); a kernel with a tenth of the region's time or more still has its other
+    configurations timed (what the user runs for good), a small one waits for a compile with
+    budget left."""
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path))
+    (big_timed, small_timed), (big_space, small_space) = _timed_configs(tmp_path, 0, finalist=False)
+    assert big_timed == big_space
+    assert small_timed == _kept(small_space) and len(small_timed) < len(small_space)
+
+
+def test_a_search_candidate_tunes_the_kernels_that_carry_the_time_and_a_finalist_all(tmp_path, monkeypatch):
+    """Within the budget too, a search candidate's kernel under SEARCH_SHARE of the region's time
+    keeps its default (or library call): compiling and timing its other configurations costs
+    more than it can save. A finalist's kernels are all tuned."""
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path))
+    (big_timed, small_timed), (big_space, small_space) = _timed_configs(tmp_path / "search", None, finalist=False)
+    assert big_timed == big_space
+    assert small_timed == _kept(small_space) and len(small_timed) < len(small_space)
+    (_, small_timed), (_, small_space) = _timed_configs(tmp_path / "final", None, finalist=True)
+    assert small_timed == small_space
 
 
 def test_one_worker_serves_region_after_region(tmp_path, monkeypatch):
