@@ -45,10 +45,11 @@ KERNEL_TIMING_PASSES = 2
 
 
 # where a candidate's evaluation spends its time (a worker's parent adds the round trip): its
-# program scheduled; built (its kernels rendered and compiled in their default configurations);
-# its outputs and each configuration's checked; the configurations' sources rendered and compiled;
-# the configurations timed; the rest (the tuning database's look-ups, arguments bound)
-# and, where workers take turns on the device, the wait for its turn
+# program scheduled; built (its executor: buffers, weights, compiled kernels loaded); its outputs
+# and each configuration's checked; the configurations' sources rendered; compiled (the kernels'
+# default configurations, then the others measured); the configurations timed; the rest (the
+# tuning database's look-ups, arguments bound) and, where workers take turns on the device, the
+# wait for its turn
 PHASES = ("schedule", "build", "check", "render", "compile", "time", "device wait", "bookkeeping")
 
 
@@ -180,7 +181,7 @@ class Measurer:
             program = schedule(graph, POLICIES[variant])
         defaults = [self.backend.default_config(k) for k in program.kernels]
         try:
-            with self._phase("build"):
+            with self._phase("compile"):
                 # compiled before the device is taken: the executor finds its functions compiled
                 self.backend.compile(dict(self.backend.render(k, c) for k, c in zip(program.kernels, defaults)))
             with self._on_device(), self._phase("build"):
