@@ -148,6 +148,8 @@ class RegionTuner:
             for candidate in fresh:
                 if self._started >= max_candidates:
                     break
+                if candidate.key in seen:       # drawn twice in one round (a neighbour drawn at random too)
+                    continue
                 if deadline.expired and not self._recorded(candidate.key):
                     replaying = False
                     break

@@ -90,3 +90,24 @@ def test_a_burst_of_load_during_one_finalists_timing_does_not_decide(tmp_path):
         assert len(timed) >= 2 and len(calls) == 2 * len(timed)
         assert winner.outputs[0] is timed[0] and winner.end_to_end_s == 1e-6
         assert db.candidate("c1", "r", winner.key).end_to_end_s == 1e-6
+
+
+def test_a_program_drawn_twice_in_one_round_is_measured_and_counted_once(tmp_path):
+    """A round draws the lowered program's neighbours and random programs; in a small space the
+    two meet (one genome drawn both ways). Each distinct program is tried once: with a fresh
+    database every candidate tried is a candidate measured."""
+    program = [long_sum(3)]
+    saturated = saturate(program, with_associativity(), Limits(max_enodes=4_000))
+    evaluated: list[str] = []
+
+    def evaluate(outputs, variant):
+        evaluated.append(variant)
+        return Outcome("ok", 1e-6)
+
+    with TuneDB(tmp_path / "tune.sqlite") as db:
+        tuner = RegionTuner("r", "layer", program, saturated, ["a"], evaluate,
+                            end_to_end=lambda outputs, variant: 1e-6, db=db, compile_id="c1", seed=0)
+        tuner.measure_lowered(Deadline(60))
+        tuner.run(Deadline(60), max_candidates=1_000)
+    assert tuner.progress.tried >= 5
+    assert tuner.progress.tried == tuner.progress.measured == len(evaluated)
