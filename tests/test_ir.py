@@ -199,3 +199,33 @@ def test_printer_names_weights_and_symbols():
     text = format_graph(_graph())
     assert "graph(x: f32[1, seq])  where 2 <= seq <= 16" in text
     assert "@w" in text and "return %" in text
+
+
+# --- comparison with the reference ------------------------------------------------------------
+def _weighed_whole(got, want, rtol):
+    """The comparison over every element in float64, as it was before elements with the
+    reference's very bits were passed over: the oracle the fast path must agree with."""
+    got, want = got.astype(np.float64), want.astype(np.float64)
+    finite = np.isfinite(want)
+    if (~np.isfinite(got) & finite).any():
+        return "nan"
+    scale = float(np.abs(want[finite]).max()) if finite.any() else 1.0
+    return None if np.allclose(got, want, rtol=rtol, atol=rtol * scale, equal_nan=True) else "wrong"
+
+
+def test_comparison_passing_over_identical_bits_decides_as_the_whole_comparison():
+    from kiln.ir.compare import RTOL, mismatch
+    draws = np.random.default_rng(7)
+    for dtype in (np.float32, np.float16, DType.BF16.np):
+        rtol = RTOL[np.dtype(dtype)]
+        for trial in range(300):
+            want = (draws.standard_normal((4, 33)) * 10.0 ** draws.integers(-3, 4)).astype(dtype)
+            if trial % 5 == 0:
+                want.flat[draws.integers(want.size)] = [np.nan, np.inf, -np.inf][trial % 3]
+            got = want.copy()
+            for _ in range(draws.integers(0, 4)):         # a few elements off, by a little or a lot
+                k = draws.integers(got.size)
+                got.flat[k] = [got.flat[k] * (1 + 10.0 ** draws.integers(-6, 1)), np.nan, np.inf,
+                               got.flat[k] + rtol][draws.integers(4)]
+            result = mismatch(got, want, rtol)
+            assert (result and result[0]) == _weighed_whole(got, want, rtol), (dtype, trial)
