@@ -46,11 +46,12 @@ KERNEL_TIMING_PASSES = 2
 
 # where a candidate's evaluation spends its time (a worker's parent adds the round trip): its
 # program scheduled; built (its executor: buffers, weights, compiled kernels loaded); its outputs
-# and each configuration's checked; the configurations' sources rendered; compiled (the kernels'
-# default configurations, then the others measured); the configurations timed; the rest (the
-# tuning database's look-ups, arguments bound) and, where workers take turns on the device, the
-# wait for its turn
-PHASES = ("schedule", "build", "check", "render", "compile", "time", "device wait", "bookkeeping")
+# and each configuration's computed for checking (on the device) and compared with what they
+# must be (on the host, the device let go); the configurations' sources rendered; compiled (the
+# kernels' default configurations, then the others measured); the configurations timed; the rest
+# (the tuning database's look-ups, arguments bound) and, where workers take turns on the device,
+# the wait for its turn
+PHASES = ("schedule", "build", "check", "compare", "render", "compile", "time", "device wait", "bookkeeping")
 
 
 def kernel_space(backend, kernel: Kernel, recorded: bool, fixed: frozenset[str] = frozenset()) -> list:
@@ -191,6 +192,7 @@ class Measurer:
         with self._on_device(), self._phase("check"):
             args = self._fresh_args()
             got = executor.host_outputs(*args)
+        with self._phase("compare"):
             bad = next(((k, b) for k, (g, w) in enumerate(zip(got, self.region.want))
                         if (b := mismatch(g, w, self.rtol))), None)
         if bad:
@@ -332,7 +334,10 @@ class Measurer:
 
     def _measure_rows(self, executor: Executor, inputs, env, launch_args, options, chosen_rows) -> None:
         """Check and time, per kernel, the configurations of `chosen_rows` not measured before
-        (compiled together)."""
+        (compiled together). The device is held for one configuration's launches at a time, and
+        the host compares its outputs with the default's after letting it go: with eight workers
+        on a 16-core host, holding it through host work made the device, not the workers, bound
+        the search's rate."""
         kernels = executor.program.kernels
         pending = {}
         for i, ((symbols, _), rows) in enumerate(zip(options, chosen_rows)):
@@ -344,18 +349,23 @@ class Measurer:
             return
         with self._phase("compile"):
             functions = self.backend.compile({n: src for n, (_, _, src) in pending.items()})
-        with self._on_device():
-            for name, (i, config, _) in pending.items():
-                kernel = kernels[i]
-                with self._phase("check"):
-                    expected = [self.backend.to_host(executor.result(out.name, inputs, env), out.dtype).copy()
-                                for out in kernel.outputs]
-                self._measure(kernel, executor, inputs, env, launch_args[i], functions[name], name,
-                              config, options[i][0], expected)
-                # the default configuration's output back in place: the kernels measured next read
-                # it, and a configuration just rejected as wrong may have left its output there
-                with self._phase("check"):
-                    executor.launch(i, launch_args[i], env)
+        defaults = {}      # per kernel: its default's outputs, on the device and on the host
+        for name, (i, config, _) in pending.items():
+            kernel, symbols = kernels[i], options[i][0]
+            with self._on_device():
+                if i not in defaults:
+                    with self._phase("check"):
+                        saved = [executor.result(out.name, inputs, env, copy=False).copy() for out in kernel.outputs]
+                        defaults[i] = saved, [self.backend.to_host(a, out.dtype) for a, out in zip(saved, kernel.outputs)]
+                got, times = self._launch(kernel, executor, inputs, env, launch_args[i], functions[name], name,
+                                          config, symbols, defaults[i][0])
+            with self._phase("compare"):
+                bad = next(filter(None, (mismatch(g, want, self.rtol) for g, want in zip(got, defaults[i][1]))), None)
+            if bad:
+                self._records.fail(name, config.key(), symbols, bad[0], bad[1])
+            else:
+                self._records.record(name, config.key(), symbols, statistics.median(times), len(times))
+                self.kernels_measured += 1
 
     def _confirm_rows(self, executor: Executor, launch_args, env, options) -> None:
         """Time again each measured configuration with fewer than KERNEL_TIMING_PASSES passes
@@ -385,8 +395,12 @@ class Measurer:
         with self._phase("time"):
             return self.backend.time(lambda: launch(args, env), TIMING_TARGET_S, MAX_REPEATS, **self._cold(weights))
 
-    def _measure(self, kernel: Kernel, executor: Executor, inputs, env, args, fn, name: str,
-                 config: KernelConfig, symbols: dict, expected: list[np.ndarray]) -> None:
+    def _launch(self, kernel: Kernel, executor: Executor, inputs, env, args, fn, name: str,
+                config: KernelConfig, symbols: dict, saved: list) -> tuple[list[np.ndarray], list[float]]:
+        """A configuration's outputs (on the host, from its first launch, into poisoned buffers)
+        and its times; then the default's outputs (`saved`) back in place, since the kernels
+        measured next read them and this configuration may have computed something else."""
+        outputs = [executor.result(out.name, inputs, env, copy=False) for out in kernel.outputs]
         for out in kernel.outputs:
             if out.name not in executor.program.aliases:
                 self.backend.poison(executor.arrays[out.name], out.dtype)  # a kernel must write
@@ -394,13 +408,11 @@ class Measurer:
         self.on_trial(name, config.key(), symbols)
         with self._phase("check"):
             launch(args, env)
-            bad = next(filter(None, (mismatch(self.backend.to_host(executor.result(out.name, inputs, env), out.dtype),
-                                              want, self.rtol)
-                                     for out, want in zip(kernel.outputs, expected))), None)
-        if bad:
-            self._records.fail(name, config.key(), symbols, bad[0], bad[1])
-            return
+            # a copy where the host holds the buffer itself (the CPU): the default's values go back into it
+            got = [h.copy() if (h := self.backend.to_host(a, out.dtype)) is a else h
+                   for a, out in zip(outputs, kernel.outputs)]
         times = self._time(kernel, executor, launch, args, env)
-        self._records.record(name, config.key(), symbols,
-                              statistics.median(times), len(times))
-        self.kernels_measured += 1
+        with self._phase("check"):
+            for a, default in zip(outputs, saved):
+                a[...] = default
+        return got, times

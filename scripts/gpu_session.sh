@@ -5,7 +5,7 @@
 # while the machine stays warm), so a second call re-measures nothing.
 # The CUDA tests read tiny models this machine's torch cannot export from lowered/<tag>
 # (`python scripts/lower_test_cases.py`; carry lowered/heads64_bf16 and lowered/heads64_f32 at least).
-#   STEPS="tests debug compile rate bench gemm gemv attention ncu long moe smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
+#   STEPS="tests debug compile rate timing bench gemm gemv attention ncu long moe smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
 #   tests), TEST_TIMEOUT (each test), NCU_TABLE (attention, or gemm: one tensor-core GEMM launch),
 #   DEBUG_TIMEOUT, BENCH_TIMEOUT, LONG_TIMEOUT, CLI_TIMEOUT in seconds; COMPILE_WORKERS (the
 #   compile step's --workers, its default where unset). `long` times decode as the
@@ -87,7 +87,7 @@ if [[ $steps == *compile* ]]; then
     | grep -v Warning | tee -a "$out/compile.log" | tail -15
 fi
 if [[ $steps == *rate* ]]; then    # issue 15: decode layer's candidates a minute, one worker then the default, each from empty
-  for width in 1 default; do       # databases (RATE_BUDGET, default 150s, each compile; RATE_TIMEOUT seconds at most)
+  for width in ${RATE_WIDTHS:-1 default}; do   # databases (RATE_WIDTHS, default "1 default"; RATE_BUDGET, default 150s, each compile; RATE_TIMEOUT seconds at most)
     rm -rf build/rate-tune.sqlite build/rate-art build/.rate-art.kiln-compile.json
     timeout "${RATE_TIMEOUT:-280}" python3 -m kiln.cli compile llama-3.2-1b --backend cuda --lowered lowered/llama1b \
       --dtype bfloat16 --max-seq 704 --out build/rate-art --db build/rate-tune.sqlite --budget "${RATE_BUDGET:-150s}" \
@@ -102,6 +102,9 @@ for region in json.load(open(sys.argv[1]))["graphs"]["decode"]["regions"]:
           ", ".join(f"{k} {v:.3f}" for k, v in sorted(held.items(), key=lambda kv: -kv[1])))
 PY
   done 2>&1 | tee "$out/rate.log"
+fi
+if [[ $steps == *timing* ]]; then  # batched kernel timing beside one call at a time, the host idle and busy
+  timeout "${TIMING_TIMEOUT:-180}" python3 scripts/timing_bias.py 14 2>&1 | grep -v Warning | tee "$out/timing.log"
 fi
 if [[ $steps == *bench* ]]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 -m kiln.cli bench gpu --lowered lowered/llama1b --db build/gpu-tune.sqlite \
