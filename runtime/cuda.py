@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
-import math
-import statistics
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 import numpy as np
 
@@ -52,18 +49,6 @@ def storage(dtype: DType) -> np.dtype:
     return np.dtype(np.uint16) if dtype is DType.BF16 else dtype.np
 
 
-# reads every 16-byte word of a buffer; the store, never taken for a buffer of zeros, keeps the loads
-_L2_EVICT = r"""
-extern "C" __global__ void kiln_l2_evict(const uint4* __restrict__ data, long long words, unsigned* sink) {
-    unsigned acc = 0;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < words; i += (long long)gridDim.x * blockDim.x) {
-        uint4 v = data[i];
-        acc |= v.x | v.y | v.z | v.w;
-    }
-    if (acc) *sink = acc;
-}
-"""
-
 class CudaBackend:
     name = "cuda"
     source_suffix = ".cu"
@@ -75,7 +60,7 @@ class CudaBackend:
         # recordings replay on a stream of their own; a blocking stream, so that it stays ordered
         # with the default stream everything else runs on
         self._stream = self.cp.cuda.Stream(non_blocking=False)
-        self._l2_flush = None          # a buffer twice the L2 size and its reader, run between timed calls
+        self._l2_flush = None          # a buffer twice the L2 size, read between timed calls
         self._weights: dict[int, tuple[np.ndarray, object]] = {}   # id of a host weight: it, on the device
         self._sms = self.cp.cuda.Device().attributes["MultiProcessorCount"]
         self._interop = ArrayInterop(self.cp, lambda a, dtype, count: a.ravel().view(storage(dtype)),
@@ -316,41 +301,29 @@ class CudaBackend:
     def time(self, fn, target_s: float, most: int) -> list[float]:
         """Seconds per call from CUDA events around each call, after one warm-up call. Before
         each call a buffer twice the L2 cache is read through it, so that weights smaller than it
-        (a layer's) are timed from memory, as one decode step reads them. Three calls are timed,
-        then as many more as `target_s` asks (at most `most` in all), each batch enqueued whole
-        and waited for once: waiting on every call cost a kernel's timing more host time than
-        device time, with eight workers taking turns on the device. The host enqueues a call
-        faster than the device runs it and its eviction read, so no call waits for its launch."""
+        (a layer's) are timed from memory, as one decode step reads them. One call at a time:
+        calls enqueued in a batch and waited for once saved 17% of a timing's host time on an
+        H100 and timed every kernel 0.6-0.9 us slower (scripts/timing_bias.py)."""
         fn()
-        times = self._timed_calls(fn, min(3, most))
-        per_call = max(statistics.median(times), 1e-7)
-        more = min(most - len(times), math.ceil(min((target_s - sum(times)) / per_call, most)))
-        return times + (self._timed_calls(fn, more) if more > 0 else [])
-
-    def _timed_calls(self, fn, count: int) -> list[float]:
-        evict = self._l2_evicter()
-        events = [(self.cp.cuda.Event(), self.cp.cuda.Event()) for _ in range(count)]
-        for start, end in events:
-            evict()
+        times = []
+        while len(times) < 3 or (sum(times) < target_s and len(times) < most):
+            self.evict_l2()
+            start, end = self.cp.cuda.Event(), self.cp.cuda.Event()
             start.record()
             fn()
             end.record()
-        events[-1][1].synchronize()
-        return [self.cp.cuda.get_elapsed_time(start, end) / 1e3 for start, end in events]
+            end.synchronize()
+            times.append(self.cp.cuda.get_elapsed_time(start, end) / 1e3)
+        return times
 
-    def _l2_evicter(self) -> Callable[[], None]:
-        """One launch that reads a buffer twice the L2's size: read, not written, since a fill
-        would leave the L2 full of dirty lines, whose write-back the timed kernel would pay (a
-        decode step finds the weights it reads clean); a raw kernel, since a CuPy reduction took
-        longer to launch than the read takes."""
+    def evict_l2(self) -> None:
+        """Read a buffer twice the L2's size: read, not written, since a fill would leave the L2
+        full of dirty lines, whose write-back the timed kernel would pay (a decode step finds the
+        weights it reads clean)."""
         if self._l2_flush is None:
-            device = self.cp.cuda.Device()
-            words = 2 * device.attributes.get("L2CacheSize", 64 << 20) // 16
-            buffer, sink = self.cp.zeros(words * 4, dtype=self.cp.uint32), self.cp.zeros(1, dtype=self.cp.uint32)
-            read = self.cp.RawKernel(_L2_EVICT, "kiln_l2_evict")
-            grid = (4 * device.attributes["MultiProcessorCount"],)
-            self._l2_flush = lambda: read(grid, (256,), (buffer, np.int64(words), sink))
-        return self._l2_flush
+            l2 = self.cp.cuda.Device().attributes.get("L2CacheSize", 64 << 20)
+            self._l2_flush = self.cp.empty(2 * l2, dtype=self.cp.uint8)
+        self._l2_flush.max()
 
     def copy_bandwidth(self, nbytes: int = 1 << 30) -> float:
         """Bytes per second (read plus written) of a device-to-device copy."""

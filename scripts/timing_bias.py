@@ -1,10 +1,12 @@
-"""Does batched timing (runtime/cuda.py: CudaBackend.time, one wait a batch) agree with timing each
-call alone (wait, evict, time one call), and what host time does each take? Three kernels (an
-elementwise add, a cuBLAS GEMV, a 64 MB copy), the host idle and then busy (BUSY processes
-spinning, as eight compiling workers keep a 16-core host). Prints a JSON line per kernel and load.
+"""Would batched timing (calls enqueued together, one wait a batch) agree with the backend's
+timing of one call at a time (runtime/cuda.py: CudaBackend.time), and what host time would it
+save? Three kernels (an elementwise add, a cuBLAS GEMV, a 64 MB copy), the host idle and then
+busy (BUSY processes spinning, as eight compiling workers keep a 16-core host). Prints a JSON
+line per kernel and load.
 
     python3 scripts/timing_bias.py [BUSY]"""
 import json
+import math
 import multiprocessing
 import statistics
 import sys
@@ -15,20 +17,23 @@ import cupy as cp
 from kiln.runtime.cuda import CudaBackend
 
 
-def one_at_a_time(backend, fn, target_s=0.002, most=50):
-    evict = backend._l2_evicter()
+def batched(backend, fn, target_s=0.002, most=50):
+    """Three calls, then as many more as target_s asks, each batch enqueued whole."""
     fn()
-    times = []
-    while len(times) < 3 or (sum(times) < target_s and len(times) < most):
-        cp.cuda.Device().synchronize()
-        evict()
-        start, end = cp.cuda.Event(), cp.cuda.Event()
+    times = _batch(backend, fn, 3)
+    more = min(most - 3, math.ceil(min((target_s - sum(times)) / max(statistics.median(times), 1e-7), most)))
+    return times + (_batch(backend, fn, more) if more > 0 else [])
+
+
+def _batch(backend, fn, count):
+    events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(count)]
+    for start, end in events:
+        backend.evict_l2()
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
-    return times
+    events[-1][1].synchronize()
+    return [cp.cuda.get_elapsed_time(start, end) / 1e3 for start, end in events]
 
 
 def spin(stop):
@@ -51,7 +56,7 @@ def main(busy: int) -> None:
             p.start()
         for label, fn in kernels.items():
             row = {"kernel": label, "busy processes": load}
-            for method, timer in (("batched", backend.time), ("one at a time", lambda f, t, m: one_at_a_time(backend, f, t, m))):
+            for method, timer in (("batched", lambda f, t, m: batched(backend, f, t, m)), ("one at a time", backend.time)):
                 medians, host = [], []
                 for _ in range(20):
                     begin = time.perf_counter()
