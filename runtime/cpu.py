@@ -23,6 +23,7 @@ from ..codegen.kernel import Kernel, KernelConfig, config_space, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
 from ..ir.dtypes import DType
 from ..ir.errors import CompileError, KilnError
+from .cache import cache_root
 from .cpu_region import RegionRunner
 from .hardware import usable_cores
 from .library import ArrayInterop, LibraryKernel
@@ -95,7 +96,7 @@ class CpuRecording:
 def cache_dir() -> Path:
     """Compiled kernels by source hash, in a folder of their compiler and flags (objects built with
     other flags compute otherwise)."""
-    root = Path(os.environ.get("KILN_CACHE", Path.home() / ".cache" / "kiln"))
+    root = cache_root()
     build = hashlib.sha256(" ".join([compiler(), *CFLAGS]).encode()).hexdigest()[:12]
     path = root / f"cpu-kernels-{build}"
     path.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from ..ir.dtypes import DType
 from ..ir.errors import CompileError, KilnError
 from .cublas import (COMPUTE_32F, COMPUTE_32F_FAST_TF32, IMPLEMENTATION, TF32, CublasGemm, before_capture,
                      plan)
+from .cache import compile_turn
 from .hardware import usable_cores
 from .library import ArrayInterop, LibraryKernel
 
@@ -140,8 +141,9 @@ class CudaBackend:
 
     def _compile_one(self, name: str, source: str):
         try:
-            module = self.cp.RawModule(code=PRELUDE + source, options=("--std=c++17",))
-            return module.get_function(name)
+            with compile_turn(name):    # another worker compiling it meanwhile: its result from CuPy's disk cache
+                module = self.cp.RawModule(code=PRELUDE + source, options=("--std=c++17",))
+                return module.get_function(name)
         except self.cp.cuda.compiler.CompileException as err:
             raise CompileError(f"kiln: NVRTC failed on kernel {name}:\n{str(err)[-2000:]}") from None
 

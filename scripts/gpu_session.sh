@@ -89,9 +89,11 @@ fi
 if [[ $steps == *rate* ]]; then    # issue 15: decode layer's candidates a minute, one worker then the default, each from empty
   for width in ${RATE_WIDTHS:-1 default}; do   # databases (RATE_WIDTHS, default "1 default"; RATE_BUDGET, default 150s, each compile; RATE_TIMEOUT seconds at most)
     rm -rf build/rate-tune.sqlite build/rate-art build/.rate-art.kiln-compile.json
+    modules=$(find "${CUPY_CACHE_DIR:-$HOME/.cupy/kernel_cache}" -type f 2>/dev/null | wc -l)
     timeout "${RATE_TIMEOUT:-280}" python3 -m kiln.cli compile llama-3.2-1b --backend cuda --lowered lowered/llama1b \
       --dtype bfloat16 --max-seq 704 --out build/rate-art --db build/rate-tune.sqlite --budget "${RATE_BUDGET:-150s}" \
       $([ $width = 1 ] && echo --workers 1) 2>&1 | grep -v Warning > "$out/rate-workers-$width.log"
+    echo "workers $width: $(( $(find "${CUPY_CACHE_DIR:-$HOME/.cupy/kernel_cache}" -type f | wc -l) - modules )) NVRTC modules compiled (CuPy's disk cache grew by as many)"
     cp build/rate-art/report.json "$out/rate-workers-$width-report.json" && python3 - "$out/rate-workers-$width-report.json" <<'PY'
 import json, sys
 for region in json.load(open(sys.argv[1]))["graphs"]["decode"]["regions"]:
