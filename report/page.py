@@ -241,7 +241,7 @@ def _regions_table(regions: list[dict], finished: bool, total_e2e: float) -> str
                      *_progress_cells(r["progress"]),
                      _s(r["end_to_end_s"]), _pct(share), Raw(f"<code>{escape(r['winner'])}</code>"),
                      ", ".join(r.get("rules", [])) or ("none" if "rules" in r else "-"), _s(r["saturate_s"]),
-                     _s(r["search_s"]), _per_minute(r["progress"], r["search_s"]),
+                     _s(r["search_s"]), _per_minute(r["progress"], r["progress"].get("search_s") or r["search_s"]),
                      spent_text(r["progress"].get("spent", {}), r["progress"].get("measured", 0))
                      if r["progress"].get("spent") else "-"])
     return _table(["region", "repeats", "IR nodes", "budget", "tried", "valid", "first valid", "best estimate", "gain",
@@ -462,12 +462,14 @@ def _legend() -> str:
          "instead of reading it from a stored buffer: <b>inline</b> ops for a value several kernels "
          "read, <b>bcast</b> ops for one read under a broadcast."),
         ("estimate", "the sum of the candidate's kernel times, each kernel in its fastest configuration."),
-        ("candidates a minute", "candidates measured over the region's search time: each one scheduled, "
-         "checked against the reference and its kernels tuned and timed (those a resumed compile "
-         "found in the tuning database not counted)."),
+        ("candidates a minute", "candidates measured over the search's time (the finalists' tuning "
+         "and timing after it not counted; reports before it existed: over the region's time): each "
+         "one scheduled, checked against the reference and its kernels tuned and timed (those a "
+         "resumed compile found in the tuning database not counted)."),
         ("where a candidate's time went", "per measured candidate: <b>schedule</b> (its kernels "
          "formed), <b>build</b> (rendered and compiled in their default configurations), <b>check</b> "
-         "(its outputs and each configuration's against the reference), <b>render</b> and "
+         "(its outputs and each configuration's computed on the device), <b>compare</b> (those "
+         "against the reference's, on the host, the device let go), <b>render</b> and "
          "<b>compile</b> (the configurations tuned), <b>time</b> (their timings), <b>round trip</b> "
          "(to and from the worker process that measures it)."),
         ("end to end", "the region run whole in the launch mode a user gets (a CUDA graph's replay "

@@ -99,8 +99,10 @@ import json, sys
 for region in json.load(open(sys.argv[1]))["graphs"]["decode"]["regions"]:
     p = region["progress"]
     held = {k: v / max(1, p["measured"]) for k, v in p["spent"].items()}
-    print(f"{sys.argv[1]}: decode {region['label']}: {p['measured']} measured in {region['search_s']:.0f} s "
-          f"({60 * p['measured'] / max(region['search_s'], 1e-9):.1f} a minute); seconds a candidate:",
+    search_s = p.get("search_s") or region["search_s"]
+    print(f"{sys.argv[1]}: decode {region['label']}: {p['measured']} measured in a {search_s:.0f} s search "
+          f"({60 * p['measured'] / max(search_s, 1e-9):.1f} a minute; the region with its finalists "
+          f"{region['search_s']:.0f} s, {60 * p['measured'] / max(region['search_s'], 1e-9):.1f}); seconds a candidate:",
           ", ".join(f"{k} {v:.3f}" for k, v in sorted(held.items(), key=lambda kv: -kv[1])))
 PY
   done 2>&1 | tee "$out/rate.log"

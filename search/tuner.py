@@ -53,6 +53,7 @@ class Progress:
     best_s: float | None = None
     curve: list[tuple[float, int, float]] = field(default_factory=list)  # (elapsed s, tried, best)
     spent: dict[str, float] = field(default_factory=dict)   # the measured candidates' seconds by phase
+    search_s: float | None = None      # from the search's start until its last candidate landed (finalists not)
 
     @property
     def gain(self) -> float | None:
@@ -119,7 +120,7 @@ class RegionTuner:
         """The search, then the finalists timed whole; `remembered` (key, variant, outputs): earlier
         compiles' winners of this region, checked and timed beside the finalists whatever their
         estimate, so that a longer search never ends with a slower program."""
-        self.deadline = deadline
+        self.deadline, started = deadline, time.monotonic()
         if self.lowered_measured:
             self._try(ORIGINAL, None, self.original, self.variants[1:], first_always=False)
         else:
@@ -163,6 +164,7 @@ class RegionTuner:
         for key, variant, outputs in remembered:
             self._try(key, None, outputs, [variant])
         self._land(everything=True)
+        self.progress.search_s = time.monotonic() - started
         return self._final({f"{key}/{variant}" for key, variant, _ in remembered})
 
     @property

@@ -1,4 +1,6 @@
 """The region tuner's loop: a resumed compile's search finds again what the interrupted one measured."""
+import time
+
 from kiln.search.budget import Deadline
 from kiln.search.saturate import Limits, saturate
 from kiln.search.tuner import Outcome, RegionTuner
@@ -141,3 +143,26 @@ def test_the_program_as_lowered_is_timed_whole_under_each_policy_estimated_near_
         winner = tuner.run(Deadline(60), max_candidates=12)
     assert (winner.key, winner.end_to_end_s) == ("original/b", 0.9e-6)
     assert timed == {"a", "b"}
+
+
+def test_the_search_time_that_candidates_a_minute_divide_by_leaves_out_the_finalists(tmp_path):
+    """Finalists are timed whole after the search, 0.2 s each here: the search's own time (which
+    the report's candidates a minute divide by) ends before them, the run's time after."""
+    program = [long_sum(6)]
+    saturated = saturate(program, with_associativity(), Limits(max_enodes=4_000))
+    timed_whole = []
+
+    def end_to_end(outputs, variant):
+        time.sleep(0.2)
+        timed_whole.append(variant)
+        return 1e-6
+
+    with TuneDB(tmp_path / "tune.sqlite") as db:
+        tuner = RegionTuner("r", "layer", program, saturated, ["a"], lambda outputs, variant: Outcome("ok", 1e-6),
+                            end_to_end=end_to_end, db=db, compile_id="c1", seed=0)
+        tuner.measure_lowered(Deadline(60))
+        start = time.monotonic()
+        tuner.run(Deadline(60), max_candidates=8)
+        run_s = time.monotonic() - start
+    assert tuner.progress.measured == 8 and len(timed_whole) >= 2
+    assert tuner.progress.search_s < run_s - 0.2 * len(timed_whole) + 0.05
