@@ -119,12 +119,12 @@ def test_a_staged_configuration_computes_a_shared_row_once_per_block(tiny_kernel
     products read it there (the GPU tests check every such configuration against the
     interpreter)."""
     kernel = next(k for k in tiny_kernels if k.label == "Cast[1, 1, 64]" and len(point_reductions(k)) == 3)
-    space = config_space(kernel)
-    assert space[1].stage and space[1].points_per_block > 1
-    before, loop = emit_cuda(kernel, space[1], "k").split("kiln_points =")
+    staged = next(c for c in config_space(kernel) if c.stage)
+    assert staged.points_per_block > 1
+    before, loop = emit_cuda(kernel, staged, "k").split("kiln_points =")
     assert "kiln_stage0[kiln_row] =" in before and before.rstrip().endswith("const int64_t")
     assert "__syncthreads();" in before and "kiln_stage0 + kiln_base" in loop and "kiln_row" not in loop
-    plain = emit_cuda(kernel, space[0], "k")
+    plain = emit_cuda(kernel, config_space(kernel)[0], "k")
     assert "kiln_stage" not in plain
 
 
