@@ -23,7 +23,9 @@ def _second(name: str, first_in, second_trying, second_in) -> None:
 
 
 def _second_got_in_while_first_held(first_name: str, second_name: str, wait_s: float) -> bool:
-    context = multiprocessing.get_context("spawn")
+    # fork: a spawned child would import this test module by a name that depends on the checkout's
+    # directory (CI's is not "kiln")
+    context = multiprocessing.get_context("fork")
     first_in, second_trying, second_in = context.Event(), context.Event(), context.Event()
     result = context.Queue()
     processes = [context.Process(target=_first, args=(first_name, first_in, second_trying, second_in, wait_s, result)),
