@@ -104,7 +104,7 @@ def emit_cuda_attention(a: Attention, config: AttentionConfig, name: str) -> str
     body += _finish(a, accs)
     out += ["  " + line for line in body]
     out.append("}")
-    return _HELPERS.replace("MMA_TYPE", mma).replace("STORE", a.dtype.value) + "\n".join(out) + "\n"
+    return (_HELPERS + "\n".join(out) + "\n").replace("MMA_TYPE", mma).replace("STORE", a.dtype.value)
 
 
 def _raw(load, offset: int = 0) -> str:
@@ -286,15 +286,15 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
               f"      const float kiln_p0 = kiln_exp2((kiln_sc[kiln_nb][kiln_c] - kiln_ms[kiln_h & 1]) * {exponent});",
               f"      const float kiln_p1 = kiln_exp2((kiln_sc[kiln_nb][kiln_c + 1] - kiln_ms[kiln_h & 1]) * {exponent});",
               "      kiln_l[kiln_h & 1] += kiln_p0 + kiln_p1;",
-              "      kiln_pa[kiln_h] = kiln_pack(kiln_p0, kiln_p1);",
+              "      kiln_pa[kiln_h] = kiln_pack_STORE(kiln_p0, kiln_p1);",
               "    }",
               "    #pragma unroll",
               f"    for (int kiln_nd = 0; kiln_nd < {depth // 8}; kiln_nd += 2) {{",
               "      uint32_t kiln_b0, kiln_b1, kiln_b2, kiln_b3;",
               f"      kiln_ldsm_x4_trans(kiln_b0, kiln_b1, kiln_b2, kiln_b3, &kiln_vs[(kiln_ks16 * 16 + (kiln_lane & 15)) * {pitch} "
               "+ (kiln_nd + (kiln_lane >> 4)) * 8]);",
-              "      kiln_mma(kiln_o[kiln_nd], kiln_pa, kiln_b0, kiln_b1);",
-              "      kiln_mma(kiln_o[kiln_nd + 1], kiln_pa, kiln_b2, kiln_b3);",
+              "      kiln_mma_STORE(kiln_o[kiln_nd], kiln_pa, kiln_b0, kiln_b1);",
+              "      kiln_mma_STORE(kiln_o[kiln_nd + 1], kiln_pa, kiln_b2, kiln_b3);",
               "    }",
               "  }",
               "}",
@@ -318,15 +318,15 @@ def _key_fragments(depth: int, pitch: int) -> list[str]:
                 "  uint32_t kiln_b0, kiln_b1;",
                 f"  kiln_ldsm_x2(kiln_b0, kiln_b1, &kiln_ks[(kiln_nb * 8 + (kiln_lane & 7)) * {pitch} "
                 "+ kiln_kk * 16 + ((kiln_lane >> 3) & 1) * 8]);",
-                "  kiln_mma(kiln_sc[kiln_nb], kiln_qa[kiln_kk], kiln_b0, kiln_b1);",
+                "  kiln_mma_STORE(kiln_sc[kiln_nb], kiln_qa[kiln_kk], kiln_b0, kiln_b1);",
                 "}"]
     return ["#pragma unroll",
             f"for (int kiln_kk = 0; kiln_kk < {depth // 16}; kiln_kk += 2) {{",
             "  uint32_t kiln_b0, kiln_b1, kiln_b2, kiln_b3;",
             f"  kiln_ldsm_x4(kiln_b0, kiln_b1, kiln_b2, kiln_b3, &kiln_ks[(kiln_nb * 8 + (kiln_lane & 7)) * {pitch} "
             "+ (kiln_kk + (kiln_lane >> 4)) * 16 + ((kiln_lane >> 3) & 1) * 8]);",
-            "  kiln_mma(kiln_sc[kiln_nb], kiln_qa[kiln_kk], kiln_b0, kiln_b1);",
-            "  kiln_mma(kiln_sc[kiln_nb], kiln_qa[kiln_kk + 1], kiln_b2, kiln_b3);",
+            "  kiln_mma_STORE(kiln_sc[kiln_nb], kiln_qa[kiln_kk], kiln_b0, kiln_b1);",
+            "  kiln_mma_STORE(kiln_sc[kiln_nb], kiln_qa[kiln_kk + 1], kiln_b2, kiln_b3);",
             "}"]
 
 
@@ -591,15 +591,6 @@ _HELPERS = r"""
 // 2^x in one special-function op: a result below 2^-126 (a weight or rescaling that small beside
 // the row's largest, which is 1) is 0
 __device__ __forceinline__ float kiln_exp2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
-// two weights rounded to nearest even, packed in one instruction (lo in the low half)
-__device__ __forceinline__ uint32_t kiln_pack(float lo, float hi) {
-  uint32_t d; asm("cvt.rn.STOREx2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d;
-}
-__device__ __forceinline__ void kiln_mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.MMA_TYPE.MMA_TYPE.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ void kiln_copy16(uint16_t* to, const uint16_t* from, bool in) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(to);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s), "l"(from), "r"(in ? 16 : 0));
@@ -620,6 +611,19 @@ __device__ __forceinline__ void kiln_ldsm_x4_trans(uint32_t& r0, uint32_t& r1, u
   const unsigned s = (unsigned)__cvta_generic_to_shared(p);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+#endif
+// the element type's own, named after it: one compiled unit may hold bf16 and f16 attention
+#ifndef KILN_ATTENTION_STORE
+#define KILN_ATTENTION_STORE
+// two weights rounded to nearest even, packed in one instruction (lo in the low half)
+__device__ __forceinline__ uint32_t kiln_pack_STORE(float lo, float hi) {
+  uint32_t d; asm("cvt.rn.STOREx2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d;
+}
+__device__ __forceinline__ void kiln_mma_STORE(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.MMA_TYPE.MMA_TYPE.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 #endif
 """

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +22,7 @@ from ..codegen.kernel import Kernel, KernelConfig, config_space, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
 from ..ir.dtypes import DType
 from ..ir.errors import CompileError, KilnError
-from .cache import cache_root
+from .cache import cache_root, point_at, unit_name, unit_of, units
 from .cpu_region import RegionRunner
 from .hardware import usable_cores
 from .library import ArrayInterop, LibraryKernel
@@ -141,21 +140,19 @@ class CpuBackend:
     def compile(self, functions: dict[str, str]) -> dict[str, ctypes._CFuncPtr]:
         """Compile kernel functions (name -> C source; the name is the source's hash) and return
         callables by name. Functions not in the disk cache are compiled together, in one shared
-        object per core (gcc's start-up dominates a small kernel's compile); each function's cache
-        entry points at the object that holds it."""
+        object per core (runtime/cache.py: units)."""
         out = {n: LibraryKernel(Gemm.from_source(src), _HOST) for n, src in functions.items() if is_library(n)}
         if out:
             _torch()        # imported now, where a program calls it: not inside its first run
         functions = {n: src for n, src in functions.items() if n not in out}
         root = cache_dir()
-        missing = [n for n in functions if self._object_of(root, n) is None]
+        missing = [n for n in functions if unit_of(root, n) is None]
         if missing:
-            cores = usable_cores()
-            chunks = [missing[i::cores] for i in range(min(len(missing), cores))]
+            chunks = units(missing, usable_cores())
             with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
-                list(pool.map(lambda chunk: self._build_chunk(root, chunk, functions), chunks))
+                list(pool.map(lambda chunk: self._build_unit(root, chunk, functions), chunks))
         for name in functions:
-            path = self._object_of(root, name)
+            path = unit_of(root, name)
             lib = self._libs.get(str(path)) or ctypes.CDLL(str(path))
             self._libs[str(path)] = lib
             fn = getattr(lib, name)
@@ -164,24 +161,12 @@ class CpuBackend:
         return out
 
     @staticmethod
-    def _object_of(root: Path, name: str) -> Path | None:
-        ref = root / f"{name}.ref"
-        if not ref.exists():
-            return None
-        path = root / ref.read_text().strip()
-        return path if path.exists() else None
-
-    @staticmethod
-    def _build_chunk(root: Path, names: list[str], functions: dict[str, str]) -> None:
+    def _build_unit(root: Path, names: list[str], functions: dict[str, str]) -> None:
         unit = PRELUDE + "\n".join(functions[n] for n in sorted(names))
-        so = root / f"{hashlib.sha256(unit.encode()).hexdigest()[:24]}.so"
+        so = root / unit_name(unit, ".so")
         if not so.exists():
             _build(unit, so)
-        for name in names:
-            ref = root / f"{name}.ref"
-            tmp = ref.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")   # threads of one process too
-            tmp.write_text(so.name)
-            os.replace(tmp, ref)
+        point_at(root, names, so)
 
     def copy_bandwidth(self, nbytes: int = 256 << 20) -> float:
         """Bytes per second (read plus written) of a copy on all cores: the memory ceiling that

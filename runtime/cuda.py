@@ -22,7 +22,7 @@ from ..ir.dtypes import DType
 from ..ir.errors import CompileError, KilnError
 from .cublas import (COMPUTE_32F, COMPUTE_32F_FAST_TF32, IMPLEMENTATION, TF32, CublasGemm, before_capture,
                      plan)
-from .cache import compile_turn
+from .cache import cache_root, compile_turn, point_at, unit_name, unit_of, units, write_atomic
 from .hardware import usable_cores
 from .library import ArrayInterop, LibraryKernel
 
@@ -123,10 +123,11 @@ class CudaBackend:
         return LibraryConfig(data["library"]) if "library" in data else CudaConfig.from_json(data)
 
     def compile(self, functions: dict[str, str]) -> dict[str, object]:
-        """One NVRTC module per function not compiled yet in this process, compiled in parallel
-        threads (NVRTC runs without the GIL). One function per module lets CuPy's disk cache
-        serve every later compile of the same kernel: in the next candidate, the next worker
-        process, the final build and a loaded artifact."""
+        """Functions not compiled yet in this process, compiled by NVRTC several to a module, one
+        module per core (runtime/cache.py: units), in parallel threads (NVRTC runs without the
+        GIL). A module's source is kept beside a reference for each function in it, so that a
+        later compile of the same function (the next candidate, another worker, the final build,
+        a loaded artifact) asks CuPy for that module again, which its disk cache serves."""
         for name in [n for n in functions if is_library(n) and n not in self._functions]:
             gemm = Gemm.from_source(functions[name])
             tf32 = json.loads(functions[name])["implementation"].endswith(TF32)
@@ -134,18 +135,45 @@ class CudaBackend:
                                                COMPUTE_32F_FAST_TF32 if tf32 else COMPUTE_32F)
         missing = sorted(n for n in functions if n not in self._functions)
         if missing:
-            with ThreadPoolExecutor(max_workers=min(len(missing), usable_cores())) as pool:
-                for name, fn in zip(missing, pool.map(lambda n: self._compile_one(n, functions[n]), missing)):
-                    self._functions[name] = fn
+            folder = cache_root() / "cuda-units"
+            folder.mkdir(parents=True, exist_ok=True)
+            compiled, new = {}, []
+            for name in missing:
+                unit = unit_of(folder, name)
+                if unit is None:
+                    new.append(name)
+                else:
+                    compiled.setdefault(unit, []).append(name)
+            jobs = [(unit.read_text(), names) for unit, names in compiled.items()]
+            jobs += [(PRELUDE + "\n".join(functions[n] for n in names), names)
+                     for names in units(new, usable_cores())]
+            with ThreadPoolExecutor(max_workers=min(len(jobs), usable_cores())) as pool:
+                for found in pool.map(lambda job: self._compile_unit(folder, *job, functions), jobs):
+                    self._functions.update(found)
         return {n: self._functions[n] for n in functions}
 
-    def _compile_one(self, name: str, source: str):
+    def _compile_unit(self, folder, source: str, names: list[str], functions: dict[str, str]) -> dict[str, object]:
+        unit = folder / unit_name(source, ".cu")
         try:
-            with compile_turn(name):    # another worker compiling it meanwhile: its result from CuPy's disk cache
-                module = self.cp.RawModule(code=PRELUDE + source, options=("--std=c++17",))
-                return module.get_function(name)
+            with compile_turn(unit.name):    # another worker compiling it meanwhile: its result from CuPy's disk cache
+                module = self.cp.RawModule(code=source, options=("--std=c++17",))
+                found = {name: module.get_function(name) for name in names}
         except self.cp.cuda.compiler.CompileException as err:
-            raise CompileError(f"kiln: NVRTC failed on kernel {name}:\n{str(err)[-2000:]}") from None
+            if len(names) == 1:
+                raise CompileError(f"kiln: NVRTC failed on kernel {names[0]}:\n{str(err)[-2000:]}") from None
+            found, failed = {}, None
+            for name in names:     # each alone: the error names the kernel, and the others are compiled
+                try:
+                    found |= self._compile_unit(folder, PRELUDE + functions[name], [name], functions)
+                except CompileError as alone:
+                    failed = failed or alone
+            if failed:
+                raise failed from None
+        else:
+            if not unit.exists():
+                write_atomic(unit, source)
+            point_at(folder, names, unit)
+        return found
 
     # --- memory -------------------------------------------------------------------------------
     def allocate(self, nbytes: int):

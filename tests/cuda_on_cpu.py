@@ -116,10 +116,11 @@ static inline void kiln_gemm_mma_bf16(float* c, const uint32_t* a, uint32_t b0, 
 // the fused attention's (codegen/cuda_attention.py), bf16's, and the warp votes it takes
 #define KILN_ATTENTION_HELPERS
 static inline float kiln_exp2(float x) { return exp2f(x); }
-static inline uint32_t kiln_pack(float lo, float hi) {
+#define KILN_ATTENTION_bf16
+static inline uint32_t kiln_pack_bf16(float lo, float hi) {
   return (uint32_t)kiln_bf16_store(lo) | ((uint32_t)kiln_bf16_store(hi) << 16);
 }
-static inline void kiln_mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) { kiln_gemm_mma_bf16(c, a, b0, b1); }
+static inline void kiln_mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) { kiln_gemm_mma_bf16(c, a, b0, b1); }
 static inline void kiln_copy16(uint16_t* to, const uint16_t* from, bool in) { kiln_gemm_copy16(to, from, in); }
 static inline void kiln_commit() {}
 static inline void kiln_wait_previous() {}

@@ -118,6 +118,23 @@ def test_fused_attention_in_c_equals_the_interpreter(heads64, length, pad):
         assert not mismatch(got[name], want[name], rtol), kernel.label
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here")
+def test_bf16_and_f16_attention_compile_in_one_unit_each_with_its_own_helpers(heads64, tmp_path):
+    """The runtime compiles several kernels to a unit (runtime/cache.py: units): the attention
+    helpers that depend on the element type are named after it, so that a unit holding both
+    compiles, and each kernel gets its own type's."""
+    model = tiny_llama(2, seed=5, hidden_size=256, num_attention_heads=4, num_key_value_heads=2)
+    f16 = lower_causal_lm(model.to(torch.float16), 96)
+    sources = []
+    for i, lowered in enumerate((heads64, f16)):
+        kernel = next(k for k in schedule(lowered.prefill, POLICIES[ATTENTION]).kernels if as_attention(k))
+        sources.append(emit_cuda_attention(as_attention(kernel), attention_space(kernel)[0], f"attention{i}"))
+    ptx = _nvcc_ptx("\n".join(sources), tmp_path)
+    for dtype in ("bf16", "f16"):
+        assert f"mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32" in ptx
+        assert f"cvt.rn.{dtype}x2.f32" in ptx
+
+
 def test_a_float32_model_keeps_its_prefill_attention_as_lowered():
     """The tensor-core pass takes 16-bit operands: an f32 model's prefill attention is not merged
     (its decode's is: test_codegen_c.py)."""

@@ -22,6 +22,7 @@ from kiln.codegen.schedule import POLICIES, schedule
 from kiln.frontend.hf import load_lowered, lower_causal_lm
 from kiln.ir import DType, run
 from kiln.ir.decode import CACHES_START, decode_args
+from kiln.ir.errors import CompileError
 from tests.helpers import tiny_llama
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -265,6 +266,32 @@ def test_cuda_backend_without_a_gpu_says_so():
     from kiln.runtime.model import make_backend
     with pytest.raises(kiln.KilnError, match="cuda backend needs CuPy and an NVIDIA GPU"):
         make_backend("cuda")
+
+
+@needs_gpu
+def test_kernels_compiled_in_one_unit_are_found_again_and_a_rejected_one_is_named(tmp_path, monkeypatch):
+    """runtime/cache.py: units. A fresh backend (the next worker, a loaded artifact) asks for the
+    unit a kernel was compiled in, which CuPy's disk cache serves, and compiles no new one; a
+    kernel NVRTC rejects is named, and the kernels compiled with it are kept."""
+    from kiln.runtime.cuda import CudaBackend
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path))
+    sources = {f"k_unit{i}": f'extern "C" __global__ void k_unit{i}(float* x) {{ x[threadIdx.x] += {i}.0f; }}\n'
+               for i in range(5)}
+    CudaBackend().compile(sources)
+    folder = tmp_path / "cuda-units"
+    made = sorted(folder.glob("*.cu"))
+    assert 1 <= len(made) < len(sources)
+    x = __import__("cupy").zeros(32, dtype="float32")
+    CudaBackend().compile({"k_unit3": sources["k_unit3"]})["k_unit3"]((1,), (32,), (x,))
+    assert float(x[0]) == 3.0 and sorted(folder.glob("*.cu")) == made
+    bad = {"k_unit_bad": 'extern "C" __global__ void k_unit_bad(float* x) { x[0] = no_such_name; }\n',
+           "k_unit_good": 'extern "C" __global__ void k_unit_good(float* x) { x[0] = 7.0f; }\n'}
+    monkeypatch.setattr("kiln.runtime.cuda.usable_cores", lambda: 1)      # the two in one unit
+    with pytest.raises(CompileError, match="k_unit_bad"):
+        CudaBackend().compile(bad)
+    made = sorted(folder.glob("*.cu"))
+    CudaBackend().compile({"k_unit_good": bad["k_unit_good"]})["k_unit_good"]((1,), (1,), (x,))
+    assert float(x[0]) == 7.0 and sorted(folder.glob("*.cu")) == made
 
 
 @needs_gpu

@@ -13,6 +13,7 @@ from kiln.cli import main
 from kiln.codegen.schedule import POLICIES
 from kiln.compiler.measure import Measurer
 from kiln.compiler.worker import IsolatedEvaluate, _cores_of, default_width
+from kiln.runtime.cache import unit_of
 from kiln.runtime.cpu import CpuBackend, cache_dir
 from kiln.search.budget import Deadline
 from kiln.search.saturate import Limits, saturate
@@ -66,7 +67,7 @@ def test_a_measurer_compiles_off_the_device_and_runs_kernels_on_it(tmp_path, mon
     class Watched(CpuBackend):
         def compile(self, functions):
             # kernels compiled now (the executor's look-up of those compiled before is not a compile)
-            if any(n.startswith("k_") and self._object_of(cache_dir(), n) is None for n in functions):
+            if any(n.startswith("k_") and unit_of(cache_dir(), n) is None for n in functions):
                 seen.append(("compile", device.holder == threading.get_ident()))
             return super().compile(functions)
 
