@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..codegen.index import interval
 from ..codegen.kernel import Kernel, KernelConfig, arithmetic_ops, traffic_bytes
 from ..codegen.cuda_gemm import MmaConfig
 from ..codegen.library import LibraryConfig
@@ -63,6 +64,34 @@ def kernel_space(backend, kernel: Kernel, recorded: bool, fixed: frozenset[str] 
             if not (recorded and set(kernel.symbols) - fixed and isinstance(c, LibraryConfig))]
 
 
+def kin(kernel: Kernel) -> str:
+    """Kernels of one shape, whatever else each fuses, whose configurations rank alike: the op and
+    output shape (its label), the output's type, and its largest input's (a GEMV's weight)."""
+    bounds = {name: (lo, hi) for name, lo, hi in kernel.bounds}
+    largest = max(kernel.inputs, key=lambda b: (interval(b.size, bounds) or (0, 0))[1], default=None)
+    return f"{kernel.label}:{kernel.output.dtype.value}" + (f":{largest.dtype.value}[{largest.size}]" if largest else "")
+
+
+def kin_order(configs: list, ratios: dict[str, dict[str, float]], limit: int) -> list:
+    """A search candidate's `limit` configurations of one kernel (`configs` in the backend's
+    order): those always measured; the configurations faster than the default on the kin's
+    kernels (`ratios`: per kernel, per configuration key, its time over the default's; by their
+    mean), fastest first, but one place kept for a configuration no kernel of the kin has tried,
+    where one is left, so that the candidates of a search, sharing kins, try every configuration
+    between them; then the backend's order."""
+    means = {}
+    for kernel in ratios.values():
+        for key, ratio in kernel.items():
+            means.setdefault(key, []).append(ratio)
+    means = {key: sum(r) / len(r) for key, r in means.items()}
+    always = _always(configs)
+    rest = [c for c in configs if all(c is not a for a in always)]
+    untried = [c for c in rest if c.key() not in means]
+    faster = sorted((c for c in rest if means.get(c.key(), 1.0) < 1.0), key=lambda c: means[c.key()])
+    order = always + faster[:max(0, limit - len(always) - (1 if untried else 0))] + untried + rest
+    return list({id(c): c for c in order}.values())[:max(limit, len(always))]
+
+
 @dataclass
 class Region:
     """What a region's candidates are measured with: its inputs, weights and symbols, values for
@@ -83,10 +112,15 @@ class Region:
                      symbols=self.symbols)
 
 
-def _always_measured(rows: list) -> list:
+def _always(configs: list) -> list:
     """A kernel's default configuration, its library calls and its first tensor-core tiling."""
-    mma = next((r for r in rows if isinstance(r[0], MmaConfig)), None)
-    return [r for r in rows if r is rows[0] or r is mma or isinstance(r[0], LibraryConfig)]
+    mma = next((c for c in configs if isinstance(c, MmaConfig)), None)
+    return [c for c in configs if c is configs[0] or c is mma or isinstance(c, LibraryConfig)]
+
+
+def _always_measured(rows: list) -> list:
+    always = _always([r[0] for r in rows])
+    return [r for r in rows if any(r[0] is c for c in always)]
 
 
 class _KernelRecords:
@@ -281,12 +315,21 @@ class Measurer:
         inputs, env = executor.bind(args)
         launch_args = executor.launch_args(inputs, env)
         kernels = executor.program.kernels
+        kins = [kin(k) for k in kernels]
+        ratios = self.db.kin_ratios(self.fingerprint, kins) if limit < self.max_configs else {}
         options = []
-        for kernel in kernels:
+        for kernel, kernel_kin in zip(kernels, kins):
             symbols = {s: env[s] for s in kernel.symbols}
             with self._phase("render"):
-                rows = [(c, *self.backend.render(kernel, c))
-                        for c in kernel_space(self.backend, kernel, self._recorded, self.region.fixed)[:limit]]
+                space = kernel_space(self.backend, kernel, self._recorded, self.region.fixed)
+                if kernel_kin in ratios:
+                    # with those this very kernel was measured in before, which cost nothing now
+                    own = ratios[kernel_kin].get(self.backend.render(kernel, space[0])[0], {})
+                    chosen = kin_order(space, ratios[kernel_kin], limit)
+                    space = chosen + [c for c in space if c.key() in own and all(c is not k for k in chosen)]
+                else:
+                    space = space[:limit]
+                rows = [(c, *self.backend.render(kernel, c)) for c in space]
             options.append((symbols, rows))
         self._records = _KernelRecords(self.db, self.fingerprint, [n for _, rows in options for _, n, _ in rows])
         # past the deadline only the default (what the winner needs to run), a library call and
@@ -294,7 +337,7 @@ class Measurer:
         # vocabulary head: 56 ms generated, 0.4 ms in cuBLAS on the H200) must not depend on the
         # budget; the choice still takes anything measured before
         first = [_always_measured(rows) for _, rows in options]
-        self._measure_rows(executor, inputs, env, launch_args, options, first)
+        measured = self._measure_rows(executor, inputs, env, launch_args, options, first)
         rest = [[] if self._library_wins(symbols, rows) else rows for symbols, rows in options]
         if self.deadline is not None and self.deadline.expired:
             # past it, the kernels that carry the region's time still have their configurations
@@ -306,11 +349,21 @@ class Measurer:
             times = [seconds for seconds, _ in self._fastest(kernels, options)]
             rest = [rows if seconds >= share * sum(times) else []
                     for rows, seconds in zip(rest, times)]
-        self._measure_rows(executor, inputs, env, launch_args, options, rest)
+        measured |= self._measure_rows(executor, inputs, env, launch_args, options, rest)
+        self._record_kin_ratios([(kins[i], options[i]) for i in sorted(measured)])
         if confirm:
             self._confirm_rows(executor, launch_args, env, options)
         chosen = self._fastest(kernels, options)
         return [config for _, config in chosen], sum(seconds for seconds, _ in chosen)
+
+    def _record_kin_ratios(self, kernels: list[tuple[str, tuple]]) -> None:
+        """Each kernel's (its kin, its option) measured configurations' times over its default's."""
+        for kernel_kin, (symbols, rows) in kernels:
+            default = self._records.time(rows[0][1], rows[0][0].key(), symbols)
+            ratios = {c.key(): t / default for c, name, _ in rows[1:]
+                      if default and (t := self._records.time(name, c.key(), symbols)) is not None}
+            if ratios:
+                self.db.record_kin_ratios(self.fingerprint, kernel_kin, rows[0][1], ratios)
 
     def _fastest(self, kernels, options) -> list[tuple[float, KernelConfig]]:
         """Per kernel, its fastest configuration measured and its time (the default and 0 s
@@ -332,9 +385,9 @@ class Measurer:
         default = timed(*rows[0][:2])
         return library is not None and default is not None and library * LIBRARY_PRUNE < default
 
-    def _measure_rows(self, executor: Executor, inputs, env, launch_args, options, chosen_rows) -> None:
+    def _measure_rows(self, executor: Executor, inputs, env, launch_args, options, chosen_rows) -> set[int]:
         """Check and time, per kernel, the configurations of `chosen_rows` not measured before
-        (compiled together). The device is held for one configuration's launches at a time, and
+        (compiled together); returns the indices of the kernels that had any. The device is held for one configuration's launches at a time, and
         the host compares its outputs with the default's after letting it go: with eight workers
         on a 16-core host, holding it through host work made the device, not the workers, bound
         the search's rate."""
@@ -346,7 +399,7 @@ class Measurer:
                         and not self._records.failed(name, c.key(), symbols)):
                     pending.setdefault(name, (i, c, src))
         if not pending:
-            return
+            return set()
         with self._phase("compile"):
             functions = self.backend.compile({n: src for n, (_, _, src) in pending.items()})
         defaults = {}      # per kernel: its default's outputs, on the device and on the host
@@ -366,6 +419,7 @@ class Measurer:
             else:
                 self._records.record(name, config.key(), symbols, statistics.median(times), len(times))
                 self.kernels_measured += 1
+        return {i for i, _, _ in pending.values()}
 
     def _confirm_rows(self, executor: Executor, launch_args, env, options) -> None:
         """Time again each measured configuration with fewer than KERNEL_TIMING_PASSES passes

@@ -41,6 +41,12 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS winners (fingerprint TEXT NOT NULL, region TEXT NOT NULL, "
     "variant TEXT NOT NULL, program TEXT NOT NULL, rules TEXT NOT NULL, end_to_end_s REAL NOT NULL, "
     "compile_id TEXT NOT NULL, recorded_at REAL NOT NULL, PRIMARY KEY (fingerprint, region, variant, program))",
+    # per kernel and configuration, its time over its default configuration's, by the kernel's
+    # kin (kernels of one shape, from any candidate): what a search candidate's new kernel of that
+    # kin tries first (compiler/measure.py: kin)
+    "CREATE TABLE IF NOT EXISTS kin_ratios (fingerprint TEXT NOT NULL, kin TEXT NOT NULL, "
+    "kernel TEXT NOT NULL, config TEXT NOT NULL, ratio REAL NOT NULL, "
+    "PRIMARY KEY (fingerprint, kin, kernel, config))",
 )
 
 
@@ -246,6 +252,23 @@ class TuneDB:
             "SELECT variant, program, rules, end_to_end_s FROM winners WHERE fingerprint = ? AND region = ? "
             "ORDER BY end_to_end_s LIMIT ?", (fingerprint, region, limit))
         return [(variant, json.loads(program), json.loads(rules), seconds) for variant, program, rules, seconds in rows]
+
+    def record_kin_ratios(self, fingerprint: str, kin: str, kernel: str, ratios: dict[str, float]) -> None:
+        """`kernel`'s time in each configuration over its time in its default one."""
+        with self._conn:
+            self._conn.executemany("INSERT OR REPLACE INTO kin_ratios VALUES (?, ?, ?, ?, ?)",
+                                   [(fingerprint, kin, kernel, c, r) for c, r in ratios.items()])
+
+    def kin_ratios(self, fingerprint: str, kins) -> dict[str, dict[str, dict[str, float]]]:
+        """Per kin, per kernel, per configuration: the ratio recorded."""
+        kins, out = sorted(set(kins)), {}
+        for i in range(0, len(kins), 500):        # under SQLite's limit on a statement's parameters
+            chunk = kins[i:i + 500]
+            for kin, kernel, config, ratio in self._conn.execute(
+                    "SELECT kin, kernel, config, ratio FROM kin_ratios WHERE fingerprint = ? AND "
+                    f"kin IN ({', '.join('?' * len(chunk))})", (fingerprint, *chunk)):
+                out.setdefault(kin, {}).setdefault(kernel, {})[config] = ratio
+        return out
 
     def recorded_since(self, compile_id: str, started_at: float) -> tuple[int, int, float | None]:
         """What a compile recorded: its candidates (every graph's, ids `compile_id:graph`), the
