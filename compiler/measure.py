@@ -73,12 +73,13 @@ def kin(kernel: Kernel) -> str:
 
 
 def kin_order(configs: list, ratios: dict[str, dict[str, float]], limit: int) -> list:
-    """A search candidate's `limit` configurations of one kernel (`configs` in the backend's
-    order): those always measured; the configurations faster than the default on the kin's
+    """A search candidate's configurations of one kernel (`configs` in the backend's order), at
+    most `limit`: those always measured; the configurations faster than the default on the kin's
     kernels (`ratios`: per kernel, per configuration key, its time over the default's; by their
     mean), fastest first, but one place kept for a configuration no kernel of the kin has tried,
     where one is left, so that the candidates of a search, sharing kins, try every configuration
-    between them; then the backend's order."""
+    between them; then the others untried. Not those the kin ran slower than the default: once a
+    kin has tried everything, a kernel of it costs a candidate only the configurations that won."""
     means = {}
     for kernel in ratios.values():
         for key, ratio in kernel.items():
@@ -87,8 +88,8 @@ def kin_order(configs: list, ratios: dict[str, dict[str, float]], limit: int) ->
     always = _always(configs)
     rest = [c for c in configs if all(c is not a for a in always)]
     untried = [c for c in rest if c.key() not in means]
-    faster = sorted((c for c in rest if means.get(c.key(), 1.0) < 1.0), key=lambda c: means[c.key()])
-    order = always + faster[:max(0, limit - len(always) - (1 if untried else 0))] + untried + rest
+    faster = sorted((c for c in rest if c.key() in means and means[c.key()] < 1.0), key=lambda c: means[c.key()])
+    order = always + faster[:max(0, limit - len(always) - (1 if untried else 0))] + untried
     return list({id(c): c for c in order}.values())[:max(limit, len(always))]
 
 

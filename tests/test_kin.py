@@ -1,7 +1,8 @@
 """A search candidate's kernel tries first the configurations that ran faster than the default on
-kernels of its kin (its shape, from any candidate), and keeps a place for one that none of them
-has tried (compiler/measure.py: kin_order): candidates sharing kins try every configuration
-between them, at the search's few configurations a kernel."""
+kernels of its kin (its shape, from any candidate), keeps a place for one that none of them has
+tried, and leaves out those they ran slower (compiler/measure.py: kin_order): candidates sharing
+kins try every configuration between them, at the search's few configurations a kernel, then
+only those that won."""
 from __future__ import annotations
 
 from kiln.codegen.kernel import KernelConfig
@@ -29,6 +30,12 @@ def test_faster_kin_configurations_come_first_with_one_place_for_an_untried_one(
 def test_once_the_kin_tried_everything_the_fastest_are_taken():
     ranks = {"k_a": {c.key(): 1.0 - 0.1 * i for i, c in enumerate(CONFIGS[1:], 1)}}
     assert kin_order(CONFIGS, ranks, 3) == [CONFIGS[0], CONFIGS[5], CONFIGS[4]]
+
+
+def test_configurations_the_kin_ran_slower_than_the_default_are_left_out():
+    ranks = {"k_a": {c.key(): 1.5 for c in CONFIGS[1:]} | {CONFIGS[3].key(): 0.9}}
+    assert kin_order(CONFIGS, ranks, 4) == [CONFIGS[0], CONFIGS[3]]
+    assert kin_order(CONFIGS, {"k_a": {c.key(): 1.5 for c in CONFIGS[1:3]}}, 3) == [CONFIGS[0], *CONFIGS[3:5]]
 
 
 def test_a_library_call_stays_among_those_always_measured():
