@@ -5,7 +5,7 @@
 # while the machine stays warm), so a second call re-measures nothing.
 # The CUDA tests read tiny models this machine's torch cannot export from lowered/<tag>
 # (`python scripts/lower_test_cases.py`; carry lowered/heads64_bf16 and lowered/heads64_f32 at least).
-#   STEPS="tests debug compile rate timing bench gemm gemv attention ncu long moe smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
+#   STEPS="tests debug compile rate timing nvrtc bench gemm gemv attention ncu long moe smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
 #   tests), TEST_TIMEOUT (each test), NCU_TABLE (attention, or gemm: one tensor-core GEMM launch),
 #   DEBUG_TIMEOUT, BENCH_TIMEOUT, LONG_TIMEOUT, CLI_TIMEOUT in seconds; COMPILE_WORKERS (the
 #   compile step's --workers, its default where unset). `long` times decode as the
@@ -109,6 +109,11 @@ PY
 fi
 if [[ $steps == *timing* ]]; then  # batched kernel timing beside one call at a time, the host idle and busy
   timeout "${TIMING_TIMEOUT:-180}" python3 scripts/timing_bias.py 14 2>&1 | grep -v Warning | tee "$out/timing.log"
+fi
+if [[ $steps == *nvrtc* ]]; then   # NVRTC on this host's cores: kernels several to a module beside one each
+  for threads in 2 16; do
+    timeout "${NVRTC_TIMEOUT:-120}" python3 scripts/nvrtc_units.py lowered/llama1b $threads 2>&1 | grep -v Warning
+  done | tee "$out/nvrtc.log"
 fi
 if [[ $steps == *bench* ]]; then
   timeout "${BENCH_TIMEOUT:-420}" python3 -m kiln.cli bench gpu --lowered lowered/llama1b --db build/gpu-tune.sqlite \

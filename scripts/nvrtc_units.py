@@ -30,12 +30,23 @@ POLICY = "inline64-bcast16-epilogue-merge"      # the layer's winner in the H100
 
 
 def nvrtc() -> ctypes.CDLL:
-    found = [os.environ.get("KILN_NVRTC")] + sorted(glob.glob(os.path.join(
+    found = [os.environ.get("KILN_NVRTC"), _cupys_nvrtc()] + sorted(glob.glob(os.path.join(
         sys.prefix, "lib", "python3*", "site-packages", "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so*")))
     found.append(ctypes.util.find_library("nvrtc"))
     for path in filter(None, found):
         return ctypes.CDLL(path)
     raise SystemExit("no libnvrtc: pip install nvidia-cuda-nvrtc-cu12, or set KILN_NVRTC")
+
+
+def _cupys_nvrtc() -> str | None:
+    """The NVRTC library CuPy loads (the runtime's compiler), where CuPy is installed."""
+    try:
+        from cupy.cuda import nvrtc as cupy_nvrtc
+        cupy_nvrtc.getVersion()
+    except Exception:      # no CuPy, or no NVRTC for it
+        return None
+    with open("/proc/self/maps") as maps:
+        return next((line.split()[-1] for line in maps if "libnvrtc" in line and "builtins" not in line), None)
 
 
 def compiler(lib: ctypes.CDLL):
