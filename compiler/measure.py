@@ -207,6 +207,7 @@ class Measurer:
     # --- the tuner's callables ----------------------------------------------------------------
     def evaluate(self, outputs: list[Node], variant: str, finalist: bool = False) -> Outcome:
         start, self.spent = time.perf_counter(), {}
+        self.backend.trim()
         outcome = self._evaluate(outputs, variant, finalist)
         self.spent["bookkeeping"] = max(0.0, time.perf_counter() - start - sum(self.spent.values()))
         return dataclasses.replace(outcome, spent=dict(self.spent))
@@ -263,6 +264,7 @@ class Measurer:
     def build(self, outputs: list[Node], variant: str) -> tuple[Graph, Program, list[KernelConfig]]:
         """The program and each kernel's fastest configuration (from the database; anything not
         yet measured is measured now)."""
+        self.backend.trim()
         graph = self.region.graph(outputs)
         program = schedule(graph, POLICIES[variant])
         executor = Executor(graph, program, [self.backend.default_config(k) for k in program.kernels], self.backend,

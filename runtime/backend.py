@@ -43,6 +43,10 @@ class Backend(Protocol):
     # --- memory -------------------------------------------------------------------------------
     def allocate(self, nbytes: int): ...
 
+    def trim(self) -> None:
+        """Give back memory kept for reuse when the device runs short: the compile's processes
+        (each worker, the parent) share one GPU, and a pool one holds is memory the others lack."""
+
     def upload(self, array: np.ndarray): ...
 
     def upload_weight(self, array: np.ndarray):

@@ -222,6 +222,10 @@ class CpuBackend:
         return np.empty(max(nbytes, 1), dtype=np.uint8)
 
     @staticmethod
+    def trim() -> None:
+        """numpy gives freed memory back itself."""
+
+    @staticmethod
     def upload(array: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(array)
 

@@ -33,6 +33,7 @@ _THREADS_PER_SM = 2048       # the most threads an SM holds at once (sm_80 and s
 # the live points still launch, to exit (max_seq 4,096 at position 64 on the H200: the scores
 # kernel took 10.9 us a layer, 2.1 us recorded at max_seq 704)
 _VARYING_WAVES = 2
+_TRIM_BELOW = 0.5             # of the device's memory free: below it, a process gives back its pool
 
 
 def cupy_or_error():
@@ -178,6 +179,15 @@ class CudaBackend:
     # --- memory -------------------------------------------------------------------------------
     def allocate(self, nbytes: int):
         return self.cp.empty(max(nbytes, 1), dtype=self.cp.uint8)
+
+    def trim(self) -> None:
+        """CuPy's pool keeps every freed block for the next allocation: a worker that measured a
+        prefill candidate with 24 GB of intermediates kept them, and on an H200 eight workers'
+        pools left the parent's next 23 MB allocation out of memory (a 5-minute Llama compile
+        stopped). Checked before each candidate; memGetInfo costs microseconds."""
+        free, total = self.cp.cuda.runtime.memGetInfo()
+        if free < _TRIM_BELOW * total:
+            self.cp.get_default_memory_pool().free_all_blocks()
 
     def upload(self, array: np.ndarray):
         array = np.asarray(array, order="C")

@@ -252,10 +252,22 @@ class RegionTuner:
                 seconds[row[1]] = record.end_to_end_s
         untimed = [row for row in finalists if row[1] not in seconds]
         self.prepare_finalists([(outputs, variant) for _, _, variant, outputs, _ in untimed])
+        crashed = {}
         for _ in range(TIMING_PASSES):
             for estimate, key, variant, outputs, genome in untimed:
-                seconds[key] = min(seconds.get(key, float("inf")), self.end_to_end(outputs, variant))
+                if key not in crashed:
+                    timed = _outcome(lambda: Outcome("ok", self.end_to_end(outputs, variant)))
+                    if timed.status == "ok":
+                        seconds[key] = min(seconds.get(key, float("inf")), timed.estimate_s)
+                    else:      # (out of memory on a GPU the workers share): the finalist, not the compile
+                        crashed[key] = timed.detail
+                        seconds.pop(key, None)
         for estimate, key, *_ in untimed:
-            self.db.record_candidate(self.compile_id, self.region, key, "ok", estimate, end_to_end_s=seconds[key])
-        estimate, key, variant, outputs, genome = min(finalists, key=lambda row: seconds[row[1]])
+            self.db.record_candidate(self.compile_id, self.region, key, "crash" if key in crashed else "ok",
+                                     estimate, end_to_end_s=seconds.get(key), detail=crashed.get(key, ""))
+        if not seconds:
+            raise KilnError(f"kiln: every finalist of region {self.progress.region} crashed when timed end to "
+                            f"end; the first: {next(iter(crashed.values()))}")
+        estimate, key, variant, outputs, genome = min((row for row in finalists if row[1] in seconds),
+                                                      key=lambda row: seconds[row[1]])
         return Winner(key, variant, outputs, estimate, seconds[key], self.progress, genome)

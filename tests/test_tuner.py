@@ -1,6 +1,9 @@
 """The region tuner's loop: a resumed compile's search finds again what the interrupted one measured."""
 import time
 
+import pytest
+
+from kiln import KilnError
 from kiln.search.budget import Deadline
 from kiln.search.saturate import Limits, saturate
 from kiln.search.tuner import Outcome, RegionTuner
@@ -166,3 +169,41 @@ def test_the_search_time_that_candidates_a_minute_divide_by_leaves_out_the_final
         run_s = time.monotonic() - start
     assert tuner.progress.measured == 8 and len(timed_whole) >= 2
     assert tuner.progress.search_s < run_s - 0.2 * len(timed_whole) + 0.05
+
+
+def test_a_finalist_that_crashes_when_timed_whole_is_dropped_not_the_compile(tmp_path):
+    """A rewritten finalist runs fastest whole in the first pass and runs out of memory in the
+    second (another process's pool filled a shared GPU; a Llama compile on an H200 stopped there):
+    it is recorded as a crash and the program as lowered wins. When every finalist crashes the
+    error names the region and the first crash."""
+    program = [long_sum(6)]
+    saturated = saturate(program, with_associativity(), Limits(max_enodes=4_000))
+    calls: list = []
+
+    def end_to_end(outputs, variant):
+        if outputs[0] is program[0]:
+            return 3e-6
+        calls.append(outputs[0])
+        if calls.count(outputs[0]) > 1:
+            raise MemoryError("out of memory allocating 23,068,672 bytes")
+        return 1e-6
+
+    with TuneDB(tmp_path / "tune.sqlite") as db:
+        tuner = RegionTuner("r", "layer", program, saturated, ["a"],
+                            lambda outputs, variant: Outcome("ok", 2e-6 if outputs[0] is program[0] else 1e-6),
+                            end_to_end=end_to_end, db=db, compile_id="c1", seed=0)
+        tuner.measure_lowered(Deadline(60))
+        winner = tuner.run(Deadline(60), max_candidates=12)
+        assert calls and (winner.key, winner.end_to_end_s) == ("original/a", 3e-6)
+        crashed = {c.candidate_hash: c for c in db.candidates("c1", "r") if c.status == "crash"}
+        assert len(crashed) == len(set(calls)) and all("23,068,672" in c.detail for c in crashed.values())
+
+    def always_out_of_memory(outputs, variant):
+        raise MemoryError("out of memory allocating 1,024 bytes")
+
+    with TuneDB(tmp_path / "tune2.sqlite") as db:
+        tuner = RegionTuner("r", "layer", program, None, ["a"], lambda outputs, variant: Outcome("ok", 1e-6),
+                            end_to_end=always_out_of_memory, db=db, compile_id="c1", seed=0)
+        tuner.measure_lowered(Deadline(60))
+        with pytest.raises(KilnError, match="every finalist of region layer crashed.*1,024 bytes"):
+            tuner.run(Deadline(60), max_candidates=4)
