@@ -85,6 +85,8 @@ def test_a_one_minute_compile_picks_the_planted_rewrite(name, tmp_path):
     assert listed.exit_code == 0, listed.output
     needs = next(line for line in listed.output.splitlines() if line.strip().startswith("needs:"))
     assert rule in needs and "over the program as lowered" in listed.output
+    # the program as lowered is timed whole too, and the gain over it is reported both ways
+    assert region["lowered_end_to_end_s"] > 0 and "x end to end (" in listed.output, listed.output
 
 
 def test_a_later_compile_times_an_earlier_winner_beside_its_own(tmp_path):

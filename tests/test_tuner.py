@@ -64,6 +64,7 @@ def test_a_rewrite_replaces_the_program_as_lowered_only_by_winning_end_to_end(tm
         tuner.measure_lowered(Deadline(60))
         winner = tuner.run(Deadline(60), max_candidates=12)
     assert tuner.progress.valid == 12 and winner.key == "original/a" and winner.end_to_end_s == 1e-6
+    assert winner.lowered_end_to_end_s == 1e-6
 
 
 def test_a_burst_of_load_during_one_finalists_timing_does_not_decide(tmp_path):
@@ -94,6 +95,7 @@ def test_a_burst_of_load_during_one_finalists_timing_does_not_decide(tmp_path):
         winner = tuner.run(Deadline(60), max_candidates=12)
         assert len(timed) >= 2 and len(calls) == 2 * len(timed)
         assert winner.outputs[0] is timed[0] and winner.end_to_end_s == 1e-6
+        assert winner.lowered_end_to_end_s == 3e-6      # what the report's end-to-end gain is over
         assert db.candidate("c1", "r", winner.key).end_to_end_s == 1e-6
 
 
