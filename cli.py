@@ -521,7 +521,8 @@ def _gains_text(region: dict) -> str:
     from .report.page import end_to_end_gain
     p, whole = region["progress"], end_to_end_gain(region)
     estimate = f"{p['first_valid_s'] / p['best_s']:.2f}x by estimate" if p.get("first_valid_s") and p.get("best_s") else ""
-    whole = f"{whole:.2f}x end to end ({region['lowered_end_to_end_s'] * 1e6:,.0f} us as lowered)" if whole else ""
+    whole = (f"{whole:.2f}x end to end (it ran {region['lowered_end_to_end_s'] * 1e6:,.0f} us under "
+             f"{region.get('lowered_variant') or 'the first policy'})" if whole else "")
     gains = "; ".join(g for g in (estimate, whole) if g)
     return f", {gains} over the program as lowered" if gains else ""
 

@@ -58,7 +58,8 @@ class RegionReport:
     rules: list[str] = field(default_factory=list)      # the rewrites the winner needs
     rules_undecided: list[str] = field(default_factory=list)   # fired, not checked in time
     budget_s: float = 0.0         # its share of the budget, by the measured time of its program as lowered
-    lowered_end_to_end_s: float | None = None   # the program as lowered (first policy), timed as the winner
+    lowered_end_to_end_s: float | None = None   # the program as lowered, timed as the winner ...
+    lowered_variant: str = ""                   # ... under the search's first policy, this one
 
 
 @dataclass
@@ -239,7 +240,7 @@ class _RegionSearch:
             winner.progress, winner.key,
             winner.variant, winner.estimate_s, winner.end_to_end_s, saturate_s,
             time.monotonic() - t0 - saturate_s, self.measurer.kernel_report(program, configs), rules_needed,
-            undecided, budget_s, winner.lowered_end_to_end_s))
+            undecided, budget_s, winner.lowered_end_to_end_s, self.tuner.variants[0]))
 
 
 def _program_json(outputs: list[Node]) -> dict:

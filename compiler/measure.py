@@ -21,7 +21,7 @@ from ..ir import Graph, Node
 from ..ir.compare import mismatch, tolerance
 from ..ir.errors import CompileError
 from ..runtime.backend import Evicting, Recording
-from ..runtime.executor import Executor
+from ..runtime.executor import Executor, plan_buffers
 from ..search.budget import Deadline
 from ..search.tunedb import TuneDB, symbols_key
 from ..search.tuner import Outcome
@@ -43,6 +43,10 @@ SEARCH_SHARE = 0.02
 # two threads at 586 us (its first and only pass), so the one-thread form (82 us) won and cost the
 # decode step 1.4 ms at every later compile that read the database
 KERNEL_TIMING_PASSES = 2
+# the most of the device's memory a candidate's temporaries may take: the compile's workers (eight
+# on a 16-core GPU host) share the device, and a prefill candidate that materializes a broadcast
+# product asked an H200 for 23.6 GB at once, leaving other workers' candidates out of memory
+CANDIDATE_MEMORY_SHARE = 1 / 8
 
 
 # where a candidate's evaluation spends its time (a worker's parent adds the round trip): its
@@ -216,6 +220,11 @@ class Measurer:
         graph = self.region.graph(outputs)
         with self._phase("schedule"):
             program = schedule(graph, POLICIES[variant])
+        # measured with every temporary in a slot of its own (reuse=False, below)
+        needed, limit = sum(plan_buffers(program, reuse=False).slot_bytes), self.backend.memory_bytes() * CANDIDATE_MEMORY_SHARE
+        if needed > limit:
+            return Outcome("memory", None, f"its temporaries take {needed / 1e9:.2f} GB, more than the {limit / 1e9:.2f} "
+                                           f"GB ({CANDIDATE_MEMORY_SHARE:.3g} of the device's memory) a candidate may take")
         defaults = [self.backend.default_config(k) for k in program.kernels]
         try:
             with self._phase("compile"):

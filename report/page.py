@@ -24,7 +24,7 @@ from ..search.tunedb import CandidateRecord, TuneDB
 from .svg import Bar, PALETTE, Series, bar_chart, step_chart
 
 REPORT_HTML = "report.html"
-STATUSES = ("ok", "wrong", "nan", "crash", "compile", "timeout")   # the table's column order
+STATUSES = ("ok", "wrong", "nan", "crash", "compile", "timeout", "memory")   # the table's column order
 ORIGINAL = "original/"             # the key prefix of the program as lowered
 NUMBER = re.compile(r"^(-|[\d.,]+ ?[a-zA-Zµ%/]*)$")   # a figure with its unit: right-aligned
 
@@ -239,7 +239,7 @@ def _regions_table(regions: list[dict], finished: bool, total_e2e: float) -> str
         share = r["end_to_end_s"] * r["count"] / total_e2e if total_e2e else math.nan
         rows.append([r["label"], r["count"], r["nodes"], _s(r["budget_s"]) if r.get("budget_s") else "-",
                      *_progress_cells(r["progress"]),
-                     _s(r["end_to_end_s"]), _s(r.get("lowered_end_to_end_s")), _gain_text(end_to_end_gain(r)),
+                     _s(r["end_to_end_s"]), _lowered_cell(r), _gain_text(end_to_end_gain(r)),
                      _pct(share), Raw(f"<code>{escape(r['winner'])}</code>"),
                      ", ".join(r.get("rules", [])) or ("none" if "rules" in r else "-"), _s(r["saturate_s"]),
                      _s(r["search_s"]), _per_minute(r["progress"], r["progress"].get("search_s") or r["search_s"]),
@@ -259,10 +259,17 @@ def _per_minute(progress: dict, seconds: float | None) -> str:
 
 
 def end_to_end_gain(r: dict) -> float | None:
-    """The program as lowered (its first policy) over the winner, both timed whole in the launch
-    mode a user gets (None in reports from before compiles timed it, or where it crashed)."""
+    """The program as lowered (under the search's first policy, `lowered_variant`) over the
+    winner, both timed whole in the launch mode a user gets (None in reports from before compiles
+    timed it, or where it crashed)."""
     lowered = r.get("lowered_end_to_end_s")
     return lowered / r["end_to_end_s"] if lowered and r.get("end_to_end_s") else None
+
+
+def _lowered_cell(r: dict) -> object:
+    if not _finite(r.get("lowered_end_to_end_s")):
+        return "-"
+    return Raw(f"{escape(_s(r['lowered_end_to_end_s']))} (<code>{escape(r.get('lowered_variant', ''))}</code>)")
 
 
 def _gain_text(gain: float | None) -> str:

@@ -43,6 +43,9 @@ class Backend(Protocol):
     # --- memory -------------------------------------------------------------------------------
     def allocate(self, nbytes: int): ...
 
+    def memory_bytes(self) -> int:
+        """The device's memory (on the CPU, the machine's)."""
+
     def trim(self) -> None:
         """Give back memory kept for reuse when the device runs short: the compile's processes
         (each worker, the parent) share one GPU, and a pool one holds is memory the others lack."""

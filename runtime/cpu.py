@@ -222,6 +222,10 @@ class CpuBackend:
         return np.empty(max(nbytes, 1), dtype=np.uint8)
 
     @staticmethod
+    def memory_bytes() -> int:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    @staticmethod
     def trim() -> None:
         """numpy gives freed memory back itself."""
 

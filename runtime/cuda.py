@@ -180,6 +180,9 @@ class CudaBackend:
     def allocate(self, nbytes: int):
         return self.cp.empty(max(nbytes, 1), dtype=self.cp.uint8)
 
+    def memory_bytes(self) -> int:
+        return self.cp.cuda.runtime.memGetInfo()[1]
+
     def trim(self) -> None:
         """CuPy's pool keeps every freed block for the next allocation: a worker that measured a
         prefill candidate with 24 GB of intermediates kept them, and on an H200 eight workers'

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..ir.errors import KilnError
 
 SCHEMA_VERSION = 2
-FAILURE_REASONS = frozenset({"wrong", "nan", "crash", "timeout", "compile"})
+FAILURE_REASONS = frozenset({"wrong", "nan", "crash", "timeout", "compile", "memory"})
 BUSY_TIMEOUT_S = 30.0        # a connection waits this long for another's write instead of failing
 CANDIDATE_STATUSES = FAILURE_REASONS | {"ok"}
 
