@@ -6,7 +6,7 @@
 # The CUDA tests read tiny models this machine's torch cannot export from lowered/<tag>
 # (`python scripts/lower_test_cases.py`; carry lowered/heads64_bf16 and lowered/heads64_f32 at least).
 #   STEPS="tests debug compile rate timing nvrtc bench gemm gemv attention ncu long moe smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
-#   tests), TEST_TIMEOUT (each test), NCU_TABLE (attention, or gemm: one tensor-core GEMM launch),
+#   tests), TESTS_TIMEOUT (all of them, one process), NCU_TABLE (attention, or gemm: one tensor-core GEMM launch),
 #   DEBUG_TIMEOUT, BENCH_TIMEOUT, LONG_TIMEOUT, CLI_TIMEOUT in seconds; COMPILE_WORKERS (the
 #   compile step's --workers, its default where unset). `long` times decode as the
 #   context grows, from its own empty database, on lowered/llama1b-4096 (`kiln lower llama-3.2-1b
@@ -37,13 +37,18 @@ if [ -d build/carry ]; then
   done
 fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
-if [[ $steps == *tests* ]]; then   # one test at a time, so that one that hangs loses only itself
+if [[ $steps == *tests* ]]; then
+  # the GPU tests in one process: a process each paid ~10 s of imports, 430 s for the set on an
+  # H200; -v names each test as it ends, so a hang (TESTS_TIMEOUT) shows which one it was
+  selected=()
   for file in tests/test_cuda*.py; do
     for test in $(grep -A2 '^@needs_gpu' "$file" | grep -o 'def test_[a-z0-9_]*' | cut -c5- | grep -E "${TESTS:-.}"); do
-      timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -p no:logging -rs --tb=short \
-        "$file::$test" 2>&1 | tee -a "$out/tests-full.log" | tail -25 | tee -a "$out/test_cuda.log"
+      selected+=("$file::$test")
     done
   done
+  timeout "${TESTS_TIMEOUT:-400}" python3 -m pytest -v -p no:cacheprovider -p no:logging -rs --tb=short \
+    "${selected[@]}" 2>&1 | tee "$out/tests-full.log" | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" \
+    | tee "$out/test_cuda.log" | tail -40
 fi
 if [[ $steps == *debug* ]]; then
   timeout "${DEBUG_TIMEOUT:-150}" python3 scripts/gpu_debug.py ${DEBUG_MODELS:-lowered/tiny2_f32 lowered/tiny2_bf16} \
