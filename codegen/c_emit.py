@@ -10,7 +10,7 @@ from ..ir.dtypes import DType, accumulator
 from ..ir.ops import ELEMENTWISE, Op, lowest
 from ..ir.symbolic import Call, Expr
 from .kernel import (Apply, Bind, Const, InRange, IndexValue, Kernel, KernelConfig, Load, Reduce,
-                     Scalar, free_vars, nodes, renamed, staged_rows)
+                     Scalar, alpha_canonical, free_vars, nodes, renamed, staged_rows)
 
 # storage types; f16/bf16 are stored as their bits and computed in float
 STORAGE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DType.I32: "int32_t",
@@ -18,6 +18,7 @@ STORAGE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DT
 COMPUTE = {**STORAGE, DType.F16: "float", DType.BF16: "float"}
 _UNSIGNED = {DType.I32: "uint32_t", DType.I64: "uint64_t"}
 _STAGING_LEVEL = 1000        # the loop levels of staging loops, past any kernel's own
+_SCOPE_DEPTH = 100           # levels apart two staging loops' own levels are (loops nest within)
 _MIN_MACRO = {DType.I32: "INT32_MIN", DType.I64: "INT64_MIN"}   # -2^63 has no literal in C
 
 # helpers both dialects share, written once: KILN_FN is each dialect's inline function prefix
@@ -190,6 +191,7 @@ class _Body:
         self.active: set[Reduce] = set()       # reductions whose loops are being emitted
         self.rows: dict[Scalar, int] = {}      # rows to stage (kernel.staged_rows) -> their lengths
         self.staged: dict[Scalar, str] = {}    # a staged row -> the array holding it
+        self.scopes = 0                        # staging loops made so far
 
     def level_of(self, names) -> int:
         return max((self.level.get(n, 0) for n in names), default=0)
@@ -233,6 +235,12 @@ class _Body:
         self.memo[s] = result
         return result
 
+    def close_scope(self, memo: dict, level: dict, deepest: int) -> None:
+        """After a loop's block: the temps and variables (a reduction's, an index bound inside)
+        made in it past level `deepest` are gone."""
+        self.memo = {k: v for k, v in self.memo.items() if k in memo or v[1] <= deepest}
+        self.level = {**{k: v for k, v in self.level.items() if v <= deepest}, **level}
+
     def bind(self, s: Bind) -> None:
         if s.var not in self.level:
             value, level = self.emit(s.value)
@@ -251,6 +259,9 @@ class _Body:
                 continue
             names = free_vars(r, self.vars_memo)
             pending = [self.binds[n] for n in names if n in self.binds and n not in self.level]
+            if any(n not in self.level and n not in self.binds for n in names) or any(
+                    free_vars(b.value, self.vars_memo) - self.level.keys() for b in pending):
+                continue            # it reads a variable of a loop not open here (another copy's)
             if any(_inside(b.value, x) for b in pending for x in self.reductions):
                 continue
             for b in pending:           # an index it reads (rotary's chosen half), bound first
@@ -283,6 +294,12 @@ class _Body:
                 self.memo[x] = self.staged_read(self.staged_array(key), var, level, width, outer)
         return found
 
+    def staging_level(self) -> int:
+        """A fresh level for a staging loop, apart from every other's and from the loops nested in
+        each (a staging loop inside another's gets a greater one)."""
+        self.scopes += 1
+        return _STAGING_LEVEL + _SCOPE_DEPTH * self.scopes
+
     def staged_read(self, array: str, var: str, level: int, width: int, outer) -> tuple[str, int]:
         return f"{array}[{var}]", level
 
@@ -291,13 +308,13 @@ class _Body:
         step, the norm's scale, is computed before that)."""
         if row not in self.staged:
             name = f"kiln_stage{len(self.staged)}"
-            level = _STAGING_LEVEL + len(self.staged)
+            level = self.staging_level()
             lines: list[str] = []
-            saved_memo = dict(self.memo)
+            saved = dict(self.memo), dict(self.level)
             self.blocks[level], self.level["kiln_row"] = lines, level
             value, _ = self.emit(row)
-            del self.blocks[level], self.level["kiln_row"]
-            self.memo = {k: v for k, v in self.memo.items() if k in saved_memo or v[1] < _STAGING_LEVEL}
+            del self.blocks[level]
+            self.close_scope(*saved, _STAGING_LEVEL - 1)
             self.staging(name, self.rows[row], lines, value)
             self.staged[row] = name
         return self.staged[row]
@@ -315,7 +332,7 @@ class _Body:
         group = self.siblings(s)
         level = self.level_of(free_vars(s, self.vars_memo))
         inner_level = level + 1
-        saved_block, saved_memo = self.blocks.get(inner_level), dict(self.memo)
+        saved_block, saved = self.blocks.get(inner_level), (dict(self.memo), dict(self.level))
         inner: list[str] = []
         self.blocks[inner_level] = inner
         self.level[s.var] = inner_level
@@ -325,8 +342,7 @@ class _Body:
         values = [self.emit(r.body)[0] for r in members]
         self.active.difference_update(group)
         self.blocks[inner_level] = saved_block if saved_block is not None else []
-        # temps made inside the loop are gone after it
-        self.memo = {k: v for k, v in self.memo.items() if k in saved_memo or v[1] <= level}
+        self.close_scope(*saved, level)
         block = self.blocks[level]
         accs, updates = [], []
         for r, value in zip(group, values):
@@ -346,6 +362,20 @@ class _Body:
         for r, result in zip(group[1:], results[1:]):
             self.memo[r] = result
         return results[0]
+
+
+def _weighted_sum(row: Scalar, step: str) -> tuple[Reduce, Scalar, Scalar] | None:
+    """(the sum, weight, term) where a row is an f32 Σ_j weight(j)·term(j, step), the weight not
+    reading the row's step; else None."""
+    if not (isinstance(row, Reduce) and row.op is Op.SUM_REDUCE and row.dtype is DType.F32
+            and isinstance(row.body, Apply) and row.body.op is Op.MUL and row.body.dtype is DType.F32):
+        return None
+    memo: dict = {}
+    steps = [step in free_vars(a, memo) for a in row.body.args]
+    if steps.count(True) != 1:
+        return None
+    term = row.body.args[steps.index(True)]
+    return row, row.body.args[steps.index(False)], term
 
 
 def _reductions_and_binds(values) -> tuple[list[Reduce], dict[str, Bind]]:
@@ -395,7 +425,7 @@ class _CBody(_Body):
                     continue
                 around = names - {var}
                 at = self.level_of(around)
-                if (isinstance(x, Apply) and x.dtype.is_float and at < reduction_level
+                if (isinstance(x, (Apply, Reduce)) and x.dtype.is_float and at < reduction_level
                         and not (x.op is Op.CAST and isinstance(x.args[0], Load))   # a load converted
                         and not any(n in self.binds and n not in self.level for n in around)):
                     found.add(x)
@@ -405,26 +435,56 @@ class _CBody(_Body):
         return found
 
     def _outer_row(self, row: Scalar, var: str, at: int, extent: Expr) -> str:
-        key = (renamed(row, {var: "kiln_row"}), at)
+        key = (alpha_canonical(renamed(row, {var: "kiln_row"})), at)
         if key not in self.outer_rows:
             # a row's own reductions (softmax's max and sum) may stage rows of their own while
             # it is emitted: each gets its own level and variable
             self.count += 1
-            name, step, fake = f"kiln_row{self.count}", f"kiln_r{self.count}", _STAGING_LEVEL + 500 + self.count
-            lines: list[str] = []
-            saved_memo = dict(self.memo)
-            self.blocks[fake], self.level[step] = lines, fake
-            value, _ = self.emit(renamed(row, {var: step}))
-            del self.blocks[fake], self.level[step]
-            self.memo = {k: v for k, v in self.memo.items() if k in saved_memo or v[1] < _STAGING_LEVEL}
-            block, length = self.blocks[at], index_code(extent)
-            block.append(f"{COMPUTE[row.dtype]} {name}[{length}];")
-            block.append(f"for (int64_t {step} = 0; {step} < {length}; {step}++) {{")
-            block.extend("  " + line for line in lines)
-            block.append(f"  {name}[{step}] = {value};")
-            block.append("}")
+            name, step = f"kiln_row{self.count}", f"kiln_r{self.count}"
+            row = renamed(row, {var: step})
+            weighted = _weighted_sum(row, step)
+            lines = self._axpy_row(name, step, extent, *weighted) if weighted else self._row(name, step, extent, row)
+            self.blocks[at].extend(lines)
             self.outer_rows[key] = name
         return self.outer_rows[key]
+
+    def _row(self, name: str, step: str, extent: Expr, row: Scalar) -> list[str]:
+        """row[step] = value, a step at a time."""
+        fake, saved = self.staging_level(), (dict(self.memo), dict(self.level))
+        lines: list[str] = []
+        self.blocks[fake], self.level[step] = lines, fake
+        value, _ = self.emit(row)
+        del self.blocks[fake]
+        self.close_scope(*saved, _STAGING_LEVEL - 1)
+        length = index_code(extent)
+        return [f"{COMPUTE[row.dtype]} {name}[{length}];",
+                f"for (int64_t {step} = 0; {step} < {length}; {step}++) {{",
+                *("  " + line for line in lines), f"  {name}[{step}] = {value};", "}"]
+
+    def _axpy_row(self, name: str, step: str, extent: Expr, total: Reduce, weight: Scalar,
+                  term: Scalar) -> list[str]:
+        """row[step] = Σ_j weight(j)·term(j, step), the sum's loop outside the row's: a step of it
+        adds a weight times a row of terms to the whole row (P.V's probabilities times a value row,
+        read contiguously where a sum a step would stride through the values)."""
+        outer, inner = self.staging_level(), self.staging_level()
+        saved = dict(self.memo), dict(self.level)
+        key_lines: list[str] = []
+        step_lines: list[str] = []
+        self.blocks[outer], self.level[total.var] = key_lines, outer
+        self.blocks[inner], self.level[step] = step_lines, inner
+        w, _ = self.emit(weight)
+        t, _ = self.emit(term)
+        del self.blocks[outer], self.blocks[inner]
+        self.close_scope(*saved, _STAGING_LEVEL - 1)
+        length = index_code(extent)
+        return [f"float {name}[{length}];",
+                f"for (int64_t {step} = 0; {step} < {length}; {step}++) {name}[{step}] = 0.0f;",
+                f"for (int64_t {total.var} = 0; {total.var} < {index_code(total.extent)}; {total.var}++) {{",
+                *("  " + line for line in key_lines),
+                "  #pragma omp simd",
+                f"  for (int64_t {step} = 0; {step} < {length}; {step}++) {{",
+                *("    " + line for line in step_lines),
+                f"    {name}[{step}] += {w} * {t};", "  }", "}"]
 
     def loop_pragmas(self, group: list[Reduce], accs: list[str]) -> list[str]:
         if all(r.op is Op.SUM_REDUCE for r in group) and self.config.simd:

@@ -251,7 +251,15 @@ def inner_vars(value: Scalar) -> set[str]:
 
 
 def renamed(value: Scalar, names: dict[str, str]) -> Scalar:
-    """value with variables renamed everywhere: in indices, extents, reductions and binds."""
+    """value with variables renamed everywhere: in indices, extents, reductions and binds. A bind
+    whose value reads a renamed variable is renamed too (after the first it reads): two copies of
+    an index bound per step (rotary's partner row) never share a name in one kernel."""
+    memo: dict = {}
+    moved = {}
+    for s in nodes(value):
+        if isinstance(s, Bind) and s.var not in names and (used := free_vars(s.value, memo) & names.keys()):
+            moved[s.var] = f"{s.var}_{names[min(used)]}"
+    names = {**names, **moved}
     env = {k: sym(v) for k, v in names.items()}
 
     def rename(s: Scalar) -> Scalar:
@@ -267,6 +275,27 @@ def renamed(value: Scalar, names: dict[str, str]) -> Scalar:
             return Bind(names.get(s.var, s.var), s.value, s.body, s.dtype)
         return s
     return rebuilt(value, rename)
+
+
+def alpha_canonical(value: Scalar) -> Scalar:
+    """value with each reduction's and bind's variable named by how many enclose it: copies of one
+    value that differ only in those names (each copy of the score has its own) become equal."""
+    memo: dict = {}
+
+    def go(s: Scalar, depth: int) -> Scalar:
+        if (s, depth) not in memo:
+            name = f"kiln_v{depth}"
+            if isinstance(s, Reduce):
+                out = Reduce(s.op, name, s.extent, go(renamed(s.body, {s.var: name}), depth + 1), s.dtype)
+            elif isinstance(s, Bind):
+                out = Bind(name, go(s.value, depth), go(renamed(s.body, {s.var: name}), depth + 1), s.dtype)
+            elif s.children():
+                out = s.with_children(tuple(go(c, depth) for c in s.children()))
+            else:
+                out = s
+            memo[s, depth] = out
+        return memo[s, depth]
+    return go(value, 0)
 
 
 @dataclass(frozen=True)

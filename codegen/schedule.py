@@ -16,6 +16,7 @@ from ..ir.interpret import contracted_product
 from ..ir.ops import ELEMENTWISE, IOTA_INDEX, REDUCE, VIEWS, Op
 from ..ir.symbolic import Expr, prod, sym
 from .attention import as_attention
+from .heads import split_by_heads
 from .index import interval, linear, reshape_index, substitute
 from .kernel import (Apply, Bind, BufferArg, Const, InRange, IndexValue, Kernel, Load, Reduce,
                      Scalar, Write, inner_vars, load_counts, nodes, renamed, row_reductions, split_reductions)
@@ -53,7 +54,13 @@ class FusionPolicy:
     then merges into the kernel its rotary became. `rereads` (with `merges`): a merge may
     compute at a point a product that another point computes too (the rotary's partner row: the
     query projection inside its rotary reads every weight row twice, once for each point of a
-    pair), one kernel fewer for twice the weight's bytes; without it that product is stored."""
+    pair), one kernel fewer for twice the weight's bytes; without it that product is stored.
+    `heads` (the CPU's; with `merges` and `rows`): the output projection split by head
+    (codegen/heads.py), each head's partial takes in every kernel behind it up to the caches'
+    updates (the query's projection and rotary, the scores, softmax, P.V), and the partials' sum
+    runs in the kernels reading it: a decode layer's attention is one kernel of a head an
+    iteration, its rows (the query, the probabilities, the head's output) staged per head. A
+    GPU would run it on as many blocks as heads, too few."""
     inline_limit: int = 12
     broadcast_limit: int = 1
     epilogues: bool = False
@@ -61,12 +68,17 @@ class FusionPolicy:
     rows: bool = False
     attention: bool = False
     rereads: bool = True
+    heads: bool = False
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return ("cpu",) if self.heads else ("cpu", "cuda")
 
     def key(self) -> str:
         return (f"inline{self.inline_limit}-bcast{self.broadcast_limit}"
                 + ("-epilogue" if self.epilogues else "") + ("-merge" if self.merges else "")
                 + ("-rows" if self.rows else "") + ("-attention" if self.attention else "")
-                + ("" if self.rereads else "-once"))
+                + ("" if self.rereads else "-once") + ("-heads" if self.heads else ""))
 
 
 # the fusion policies the search chooses among, by name (a tuner "variant")
@@ -78,7 +90,8 @@ POLICIES = {p.key(): p for p in (FusionPolicy(12, 1), FusionPolicy(12, 1, epilog
                                   FusionPolicy(64, 16, epilogues=True, merges=True, rows=True),
                                   FusionPolicy(64, 16, epilogues=True, merges=True, rows=True, attention=True),
                                   FusionPolicy(64, 16, epilogues=True, merges=True, rows=True, attention=True,
-                                               rereads=False))}
+                                               rereads=False),
+                                  FusionPolicy(64, 16, epilogues=True, merges=True, rows=True, heads=True))}
 
 _ROUNDED = (DType.BF16, DType.F16)
 
@@ -86,6 +99,8 @@ _ROUNDED = (DType.BF16, DType.F16)
 # P.V with the fully-masked guard) and the most kernels one reduction merges into (Q, K and V)
 MERGED_PER_KERNEL = 4
 MERGED_READERS = 3
+# the longest sum a merge may repeat at each step of a reduction around it (heads' partials)
+SHORT_SUM = 64
 
 
 @dataclass
@@ -116,12 +131,13 @@ class Program:
 
 
 def schedule(graph: Graph, policy: FusionPolicy = FusionPolicy()) -> Program:
-    return _Scheduler(graph, policy).run()
+    graph, partials = split_by_heads(graph) if policy.heads else (graph, set())
+    return _Scheduler(graph, policy, partials).run()
 
 
 class _Scheduler:
-    def __init__(self, graph: Graph, policy: FusionPolicy):
-        self.graph, self.policy = graph, policy
+    def __init__(self, graph: Graph, policy: FusionPolicy, partials: set[int] = frozenset()):
+        self.graph, self.policy, self.partials = graph, policy, partials
         self.order = toposort(graph.outputs)
         self.positional = positional(self.order)
         self.users: dict[int, list[Node]] = {}
@@ -198,6 +214,34 @@ class _Scheduler:
             roots = self._permuted_stores(self._merge_rows(roots))
         if self.policy.attention:
             roots = self._merge_attention(roots)
+        if self.partials:
+            roots = self._merge_heads(roots)
+        return roots
+
+    def _merge_heads(self, roots: set[int]) -> set[int]:
+        """Each head's partial of the output projection (codegen/heads.py) takes in the kernels
+        behind it that only it reads (all but the caches' updates, which its keys and values read
+        whole, and what other kernels read: the norm the keys' projection shares); the partials'
+        sum then merges into the kernels reading it."""
+        outputs = {id(n) for n in self.graph.outputs}
+        for partial in self.order:
+            if id(partial) not in self.partials or id(partial) not in roots:
+                continue
+            behind = {id(n) for n in toposort([partial])} - {id(partial)}
+            block: set[int] = set()
+            for node in reversed(self.order):        # readers first
+                if (id(node) in behind and id(node) in roots and id(node) not in outputs
+                        and node.op is not Op.SLICE_UPDATE
+                        and all(r is partial or id(r) in block for r in self._reader_kernels(node, roots))):
+                    block.add(id(node))
+            roots = roots - block
+            total = self.users[id(partial)][0]
+            if id(total) in roots and id(total) not in outputs:
+                readers = self._reader_kernels(total, roots)
+                trial = roots - {id(total)}
+                if 0 < len(readers) <= MERGED_READERS and all(
+                        _sums_partials_well(self._trial_kernel(reader, trial)) for reader in readers):
+                    roots = trial
         return roots
 
     def _merge_attention(self, roots: set[int]) -> set[int]:
@@ -665,6 +709,14 @@ def _merged_well(kernel: Kernel, splittable: bool = False) -> bool:
     if splittable and len(once) > 1 and any(not r.extent.is_const for r in once):
         return False
     return not repeated and len(once) <= MERGED_PER_KERNEL
+
+
+def _sums_partials_well(kernel: Kernel) -> bool:
+    """_merged_well, but a short sum (the heads' partials, a few loads) may run at each step of a
+    reduction around it: a sum of squares over the residual the partials complete."""
+    once, repeated = split_reductions(*(w.value for w in kernel.writes))
+    short = [r for r in (*once, *repeated) if r.extent.is_const and r.extent.value <= SHORT_SUM]
+    return all(r in short for r in repeated) and len(set(once) - set(short)) <= MERGED_PER_KERNEL
 
 
 def _sliced(part: Node, axis: int) -> tuple[list[Node], Node] | None:

@@ -146,10 +146,12 @@ class _RegionSearch:
         # first: fused attention (one pass over the cache, in decode as in prefill), then in decode
         # (GEMVs, bound by launches and bytes) the fused ones, fewest kernels first; in prefill
         # (GEMMs a library call takes whole, rows a prompt's length) the plain ones, then those
-        # running softmax and the norms a row at a time
+        # running softmax and the norms a row at a time; only the backend's policies, and a
+        # prompt's attention (a row of heads a position) has no head's slice to split
         gemv = not self.region.fixed
-        variants = sorted(POLICIES, key=lambda v: (not POLICIES[v].attention, POLICIES[v].merges != gemv,
-                                                   POLICIES[v].rows == gemv, POLICIES[v].epilogues != gemv))
+        variants = sorted((v for v, p in POLICIES.items() if backend.name in p.backends and (gemv or not p.heads)),
+                          key=lambda v: (not POLICIES[v].attention, POLICIES[v].merges != gemv,
+                                         POLICIES[v].rows == gemv, POLICIES[v].epilogues != gemv))
         self.deadline = Deadline(0.0)
         self._finalists_tuned: set[tuple] = set()
         self.tuner = RegionTuner(key, self.label, rep.outputs, None, variants,
