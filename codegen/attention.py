@@ -356,6 +356,8 @@ def emit_c_attention(a: Attention, config: AttentionConfig, name: str) -> str:
         inner.append(f"{acc_type} {acc} = {start};")
     inner.append(f"for (int64_t {KEY} = 0; {KEY} < {index_code(a.keys)}; {KEY}++) {{")
     step = [f"float {SCORE} = 0.0f, kiln_x, kiln_e;"]
+    # vectorized: a float sum is otherwise one dependent add after another (C keeps their order)
+    step.append(f"#pragma omp simd reduction(+:{SCORE})")
     step.append(f"for (int64_t {DEPTH} = 0; {DEPTH} < {depth}; {DEPTH}++) {SCORE} += kiln_q[{DEPTH}] * {_load(a.k.load)};")
     step.append(f"{SCORE} *= {literal(a.q.scale * a.k.scale, DType.F32)};")
     known = {a.score: SCORE}

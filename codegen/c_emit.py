@@ -442,6 +442,11 @@ class _CBody(_Body):
             self.count += 1
             name, step = f"kiln_row{self.count}", f"kiln_r{self.count}"
             row = renamed(row, {var: step})
+            # the row's own reductions and binds (renamed: copies of the kernel's) may share loops
+            reductions, binds = _reductions_and_binds((row,))
+            known = set(self.reductions)
+            self.reductions += [r for r in reductions if r not in known]
+            self.binds.update(binds)
             weighted = _weighted_sum(row, step)
             lines = self._axpy_row(name, step, extent, *weighted) if weighted else self._row(name, step, extent, row)
             self.blocks[at].extend(lines)

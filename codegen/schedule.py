@@ -59,8 +59,8 @@ class FusionPolicy:
     (codegen/heads.py), each head's partial takes in every kernel behind it up to the caches'
     updates (the query's projection and rotary, the scores, softmax, P.V), and the partials' sum
     runs in the kernels reading it: a decode layer's attention is one kernel of a head an
-    iteration, its rows (the query, the probabilities, the head's output) staged per head. A
-    GPU would run it on as many blocks as heads, too few."""
+    iteration, its rows (the query, the head's output) staged per head. A GPU would run it on
+    as many blocks as heads, too few."""
     inline_limit: int = 12
     broadcast_limit: int = 1
     epilogues: bool = False
