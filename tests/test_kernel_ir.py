@@ -10,9 +10,10 @@ import gc
 import weakref
 
 from kiln.codegen.c_emit import literal
-from kiln.codegen.kernel import Apply, Const, Load, nodes
+from kiln.codegen.kernel import (Apply, Bind, Const, IndexValue, Load, Reduce, alpha_canonical, free_vars,
+                                  nodes, renamed)
 from kiln.ir import DType, Op
-from kiln.ir.symbolic import sym
+from kiln.ir.symbolic import Expr, sym
 
 
 def test_distinct_scalars_hash_apart():
@@ -46,3 +47,29 @@ def test_interning_keeps_no_dead_tree_alive():
     gone = weakref.ref(Apply(Op.MUL, (leaf, leaf), DType.F32))
     gc.collect()
     assert gone() is None
+
+
+def _partner_sum(step: str, bound: str, depth: str) -> Reduce:
+    """Σ_k W[bound·8 + k] with `bound` the partner of `step` (rotary's rotate-half), as the
+    scheduler writes one copy of it: each copy names its own bind and reduction variables."""
+    partner = IndexValue((sym(step) + 4) % 8, DType.I64)
+    body = Bind(bound, partner, Load("w", sym(bound) * 8 + sym(depth), DType.F32), DType.F32)
+    return Reduce(Op.SUM_REDUCE, depth, Expr.of(8), body, DType.F32)
+
+
+def test_copies_that_differ_in_bound_names_canonicalize_equal():
+    first, second = _partner_sum("i", "g1", "r1"), _partner_sum("i", "g2", "r2")
+    assert first is not second
+    assert alpha_canonical(first) is alpha_canonical(second)
+    # a free variable is not a bound one: another point's copy stays apart
+    assert alpha_canonical(_partner_sum("j", "g1", "r1")) is not alpha_canonical(first)
+
+
+def test_renaming_a_variable_renames_the_binds_that_read_it():
+    """Two copies of a value bound per step, one renamed to a row's variable, never share a bind's
+    name in one kernel (the emitter would take the first copy's index for the second's)."""
+    original = _partner_sum("i", "g1", "r1")
+    copy = renamed(original, {"i": "kiln_row"})
+    binds = [s for s in nodes(copy) if isinstance(s, Bind)]
+    assert [b.var for b in binds] == ["g1_kiln_row"]
+    assert "kiln_row" in free_vars(copy, {}) and "i" not in free_vars(copy, {})
