@@ -9,6 +9,7 @@ import numpy as np
 from ..ir.dtypes import DType, accumulator
 from ..ir.ops import ELEMENTWISE, Op, lowest
 from ..ir.symbolic import Call, Expr
+from .index import stride
 from .kernel import (Apply, Bind, Const, InRange, IndexValue, Kernel, KernelConfig, Load, Reduce,
                      Scalar, alpha_canonical, free_vars, nodes, renamed, staged_rows)
 
@@ -378,6 +379,21 @@ def _weighted_sum(row: Scalar, step: str) -> tuple[Reduce, Scalar, Scalar] | Non
     return row, row.body.args[steps.index(False)], term
 
 
+AXPY_ROW = 1024       # the longest row of points a kernel sums as one (a C array on the stack)
+
+
+def _row_by_axpy(value: Scalar, var: str, extent: Expr) -> bool:
+    """Whether a kernel's points along its last loop are better summed as one row: a weighted sum
+    whose terms it reads contiguously along that loop (P.V's value rows, a product's row-major
+    right operand), where a sum a point would stride through them."""
+    weighted = _weighted_sum(value, var)
+    if weighted is None or not extent.is_const or extent.value > AXPY_ROW:
+        return False
+    memo: dict = {}
+    loads = [x for x in nodes(weighted[2]) if isinstance(x, Load) and var in free_vars(x, memo)]
+    return bool(loads) and all(stride(x.index, var) == 1 for x in loads)
+
+
 def _reductions_and_binds(values) -> tuple[list[Reduce], dict[str, Bind]]:
     reductions: dict[Reduce, None] = {}
     binds: dict[str, Bind] = {}
@@ -505,7 +521,12 @@ def emit_c(kernel: Kernel, config: KernelConfig, name: str) -> str:
     body.rows = staged_rows(kernel)
     n = len(loops)
     for write in kernel.writes:
-        value, _ = body.emit(write.value)
+        if n >= 2 and _row_by_axpy(write.value, *loops[-1]):
+            # the points of the last loop as one row of sums, a term row added a step of the sum
+            var, extent = loops[-1]
+            value = f"{body._outer_row(write.value, var, n - 1, extent)}[{var}]"
+        else:
+            value, _ = body.emit(write.value)
         if body.level_of(write.store.symbols()) < n:
             raise ValueError("a kernel's store must depend on its innermost loop")
         body.blocks[n].append(f"{write.output.name}[{index_code(write.store)}] = "
