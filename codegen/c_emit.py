@@ -502,10 +502,16 @@ class _CBody(_Body):
                 f"for (int64_t {step} = 0; {step} < {length}; {step}++) {name}[{step}] = 0.0f;",
                 f"for (int64_t {total.var} = 0; {total.var} < {index_code(total.extent)}; {total.var}++) {{",
                 *("  " + line for line in key_lines),
-                "  #pragma omp simd",
+                *("  " + line for line in self.row_pragmas()),
                 f"  for (int64_t {step} = 0; {step} < {length}; {step}++) {{",
                 *("    " + line for line in step_lines),
                 f"    {name}[{step}] += {w} * {t};", "  }", "}"]
+
+    def row_pragmas(self) -> list[str]:
+        """What goes before an axpy row's loop: vectorized or unrolled as the configuration says."""
+        if self.config.simd:
+            return ["#pragma omp simd"]
+        return [f"#pragma GCC unroll {self.config.unroll}"] if self.config.unroll > 1 else []
 
     def loop_pragmas(self, group: list[Reduce], accs: list[str]) -> list[str]:
         if all(r.op is Op.SUM_REDUCE for r in group) and self.config.simd:
