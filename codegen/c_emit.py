@@ -191,7 +191,7 @@ class _Body:
         self.reductions, self.binds = _reductions_and_binds(values)
         self.active: set[Reduce] = set()       # reductions whose loops are being emitted
         self.rows: dict[Scalar, int] = {}      # rows to stage (kernel.staged_rows) -> their lengths
-        self.staged: dict[Scalar, str] = {}    # a staged row -> the array holding it
+        self.staged: dict[Scalar, str] = {}    # a staged row (alpha_canonical) -> its array
         self.scopes = 0                        # staging loops made so far
 
     def level_of(self, names) -> int:
@@ -307,7 +307,8 @@ class _Body:
     def staged_array(self, row: Scalar) -> str:
         """The array holding `row`, filled before the points' loop (what the row reads of no
         step, the norm's scale, is computed before that)."""
-        if row not in self.staged:
+        same = alpha_canonical(row)        # copies that differ only in bound names share one
+        if same not in self.staged:
             name = f"kiln_stage{len(self.staged)}"
             level = self.staging_level()
             lines: list[str] = []
@@ -317,8 +318,8 @@ class _Body:
             del self.blocks[level]
             self.close_scope(*saved, _STAGING_LEVEL - 1)
             self.staging(name, self.rows[row], lines, value)
-            self.staged[row] = name
-        return self.staged[row]
+            self.staged[same] = name
+        return self.staged[same]
 
     def staging(self, name: str, extent: int, lines: list[str], value: str) -> None:
         """The dialect's loop that fills a staged row's array, before the points' loop."""

@@ -298,6 +298,18 @@ def alpha_canonical(value: Scalar) -> Scalar:
     return go(value, 0)
 
 
+def bound_names(a: Scalar, b: Scalar) -> dict[str, str]:
+    """For two values equal up to the names they bind (equal `alpha_canonical`), each variable b
+    binds mapped to the one a binds in its place."""
+    names, stack = {}, [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if isinstance(x, (Reduce, Bind)):
+            names[y.var] = x.var
+        stack.extend(zip(x.children(), y.children()))
+    return names
+
+
 @dataclass(frozen=True)
 class Write:
     """output[store] = value at a point of a kernel's loops."""

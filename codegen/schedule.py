@@ -17,8 +17,9 @@ from ..ir.ops import ELEMENTWISE, IOTA_INDEX, REDUCE, VIEWS, Op
 from ..ir.symbolic import Expr, prod, sym
 from .attention import as_attention
 from .heads import split_by_heads
+from .packing import Packing
 from .index import interval, linear, reshape_index, substitute
-from .kernel import (Apply, Bind, BufferArg, Const, InRange, IndexValue, Kernel, Load, Reduce,
+from .kernel import (Apply, alpha_canonical, Bind, bound_names, BufferArg, Const, InRange, IndexValue, Kernel, Load, Reduce,
                      Scalar, Write, inner_vars, load_counts, nodes, renamed, row_reductions, split_reductions)
 
 
@@ -128,11 +129,14 @@ class Program:
     symbols: dict[str, tuple[int, int]]
     aliases: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, Node] = field(default_factory=dict)   # buffer -> the IR node it holds
+    packings: dict[str, Packing] = field(default_factory=dict)   # weight name -> its packed copy's make
 
 
 def schedule(graph: Graph, policy: FusionPolicy = FusionPolicy()) -> Program:
-    graph, partials = split_by_heads(graph) if policy.heads else (graph, set())
-    return _Scheduler(graph, policy, partials).run()
+    graph, partials, packings = split_by_heads(graph) if policy.heads else (graph, set(), {})
+    program = _Scheduler(graph, policy, partials).run()
+    program.packings = packings
+    return program
 
 
 class _Scheduler:
@@ -683,12 +687,13 @@ def _joined(a: Kernel, b: Kernel) -> Kernel:
     names = {vb: va for (va, _), (vb, _) in zip(a.loops, b.loops)}
     for var in inner_vars(b.value):
         names[var] = f"{var}b"
-    # a reduction both compute (the norm's sum of squares that Q and K both read) runs once
-    once_a = split_reductions(a.value)[0]
+    # a reduction both compute (the norm's sum of squares that Q and K both read) runs once;
+    # the reductions inside it may differ in their names alone (heads' partials summed in both)
+    once_a = {alpha_canonical(r): r for r in split_reductions(a.value)[0]}
     for reduce in split_reductions(b.value)[0]:
-        twin = next((r for r in once_a if renamed(reduce, {**names, reduce.var: r.var}) == r), None)
+        twin = once_a.get(alpha_canonical(renamed(reduce, names)))
         if twin is not None:
-            names[reduce.var] = twin.var
+            names.update(bound_names(twin, reduce))
     value, store = renamed(b.value, names), substitute(b.store, {k: sym(v) for k, v in names.items()})
     inputs = {x.name: x for x in (*a.inputs, *b.inputs)}
     bounds = dict.fromkeys(sorted({*a.bounds, *b.bounds}))

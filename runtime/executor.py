@@ -10,6 +10,7 @@ import numpy as np
 
 from ..codegen.kernel import KernelConfig
 from ..codegen.library import is_library
+from ..codegen.packing import PackedWeights
 from ..codegen.schedule import Program
 from ..ir.graph import Graph
 from .backend import Evicting
@@ -145,15 +146,16 @@ class Executor:
         shared = iter(scratch.buffers if scratch is not None else ())
         arena = [backend.allocate(n) if scratch is None or s in self.plan.kept else next(shared)
                  for s, n in enumerate(self.plan.slot_bytes)]
-        weights = graph.weights if weights is None else weights
+        weights = PackedWeights(graph.weights if weights is None else weights, program.packings)
+        self.weights = weights
         self.arrays = {}
         for name, b in program.buffers.items():
             if b.role == "weight":
                 host = np.asarray(weights[b.source], dtype=b.dtype.np)
-                # the host array itself is uploaded once for every executor that reads it; a
-                # converted copy is this executor's alone
-                self.arrays[name] = (backend.upload_weight(host) if host is weights[b.source]
-                                     else backend.upload(host))
+                # the model's array itself is uploaded once for every executor that reads it; a
+                # converted or packed copy is this executor's alone
+                shared = host is weights[b.source] and b.source not in program.packings
+                self.arrays[name] = backend.upload_weight(host) if shared else backend.upload(host)
             elif name in self.plan.slot_of:
                 self.arrays[name] = arena[self.plan.slot_of[name]]
         # per kernel: its buffers (a fixed address, or the name of a call input) and its symbols

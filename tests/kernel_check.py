@@ -140,7 +140,7 @@ def run_problems(ex: Executor, args: list[np.ndarray], whole: bool = True) -> li
     env = graph.bind_symbols([a.shape for a in args], [a.dtype for a in args])
     traced = ex.trace(*[a.copy() for a in args])
     values = {**traced, **dict(zip(program.inputs, args)),
-              **{b: graph.weights[w] for b, w in program.weights.items()}}
+              **{b: ex.weights[w] for b, w in program.weights.items()}}
     problems = kernel_problems(program, values, env)
     got = ex.host_outputs(*[a.copy() for a in args])
     for i, (g, name) in enumerate(zip(got, program.outputs)):

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from kiln.codegen.heads import split_by_heads
+from kiln.codegen.kernel import split_reductions
+from kiln.codegen.packing import PackedWeights
 from kiln.codegen.schedule import POLICIES, schedule
 from kiln.ir import regions as regionlib, run
 from kiln.ir.decode import decode_args
@@ -34,7 +36,7 @@ def _args(lowered, rng, pos: int) -> list[np.ndarray]:
 
 
 def test_the_output_projection_splits_by_head_and_keeps_its_value(grouped_lm, rng):
-    graph, partials = split_by_heads(grouped_lm.decode)
+    graph, partials, packings = split_by_heads(grouped_lm.decode)
     # one split a layer: the products over the heads' outputs laid end to end
     assert len(partials) == 2
     shapes = {tuple(d.value for d in n.shape if d != 1) for n in graph.nodes() if id(n) in partials}
@@ -58,6 +60,32 @@ def test_a_decode_layer_runs_as_four_kernels(grouped_lm):
     assert [str(e) for _, e in attention.loops] == ["4", "64"]      # a head, an output feature
 
 
+def test_a_heads_slice_of_the_output_projection_is_read_contiguously(grouped_lm):
+    """The projection's weight, [feature, head·depth + d], is read from a head-major copy: a
+    head's slice is one contiguous block, not a run of `depth` values a row."""
+    graph = grouped_lm.decode
+    layer = regionlib.split(graph)[1].program(graph)
+    program = schedule(layer, POLICIES[HEADS])
+    (name, packing), = program.packings.items()
+    weight, copy = layer.weights[packing.source], PackedWeights(layer.weights, program.packings)[name]
+    assert weight.shape == (64, 64) and copy.shape == (4, 64, 16) and copy.flags.c_contiguous
+    for head in range(4):
+        np.testing.assert_array_equal(copy[head], weight[:, 16 * head:16 * (head + 1)])
+    sources = [{program.buffers[b.name].source for b in k.inputs} for k in program.kernels]
+    assert name in sources[1] and not any(packing.source in s for s in sources)
+
+
+def test_gate_and_up_sum_the_partials_and_square_the_residual_once(grouped_lm):
+    """The merged gate and up kernel reads the residual the partials complete: its norm's sum of
+    squares is one reduction, though each product's copy names its inner sum apart."""
+    graph = grouped_lm.decode
+    layer = regionlib.split(graph)[1].program(graph)
+    gate_up = schedule(layer, POLICIES[HEADS]).kernels[2]
+    assert gate_up.also, "gate and up are one kernel"
+    once, _ = split_reductions(*(w.value for w in gate_up.writes))
+    assert sorted(r.extent.value for r in once) == [64, 64, 64]       # squares, gate's row, up's row
+
+
 @pytest.mark.parametrize("pos", [0, 6, 15])
 def test_the_heads_policy_computes_what_the_interpreter_does(grouped_lm, rng, pos):
     check(grouped_lm.decode, _args(grouped_lm, rng, pos), policies=[POLICIES[HEADS]], sets=(0, 1, 2))
@@ -66,5 +94,5 @@ def test_the_heads_policy_computes_what_the_interpreter_does(grouped_lm, rng, po
 def test_a_prefill_has_nothing_to_split(grouped_lm):
     """A prompt's attention output is [position, head, depth]: no product sums a [head, depth]
     value alone, so prefill keeps its projections whole (its GEMMs are library calls)."""
-    graph, partials = split_by_heads(grouped_lm.prefill)
-    assert not partials and graph is grouped_lm.prefill
+    graph, partials, packings = split_by_heads(grouped_lm.prefill)
+    assert not partials and not packings and graph is grouped_lm.prefill

@@ -10,8 +10,8 @@ import gc
 import weakref
 
 from kiln.codegen.c_emit import literal
-from kiln.codegen.kernel import (Apply, Bind, Const, IndexValue, Load, Reduce, alpha_canonical, free_vars,
-                                  nodes, renamed)
+from kiln.codegen.kernel import (Apply, Bind, Const, IndexValue, Load, Reduce, alpha_canonical, bound_names,
+                                  free_vars, nodes, renamed)
 from kiln.ir import DType, Op
 from kiln.ir.symbolic import Expr, sym
 
@@ -73,3 +73,12 @@ def test_renaming_a_variable_renames_the_binds_that_read_it():
     binds = [s for s in nodes(copy) if isinstance(s, Bind)]
     assert [b.var for b in binds] == ["g1_kiln_row"]
     assert "kiln_row" in free_vars(copy, {}) and "i" not in free_vars(copy, {})
+
+
+def test_bound_names_pair_the_variables_two_copies_bind():
+    """A merged kernel's second copy of a reduction takes the first's names, its inner ones too,
+    so that the emitter sees one value (the heads policy's norm over the partials' sum)."""
+    first, second = _partner_sum("i", "g1", "r1"), _partner_sum("i", "g2", "r2")
+    names = bound_names(first, second)
+    assert names == {"r2": "r1", "g2": "g1"}
+    assert renamed(second, names) is first
