@@ -244,7 +244,7 @@ class Measurer:
             return Outcome(bad[1][0], None, f"output {bad[0]}: {bad[1][1]}")
         configs, estimate = self._tune_kernels(executor, args, self.max_configs if finalist else self.search_configs,
                                                share=0.0 if finalist else SEARCH_SHARE)
-        return Outcome("ok", estimate, f"{len(program.kernels)} kernels")
+        return Outcome.measured(estimate, len(program.kernels))
 
     def end_to_end(self, outputs: list[Node], variant: str, repeats: int = 10) -> float:
         """Seconds per run of the region in the launch mode a compiled graph deploys (a CUDA

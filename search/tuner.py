@@ -29,6 +29,12 @@ FINALISTS = 3                  # candidates timed end to end
 # within this of its best one's: on an H100 Llama's decode layer had two within 0.4% (83.6, 84.0
 # us); the first, timed whole, ran 69.7 us, and the second, timed in another compile, 65.9
 LOWERED_CLOSE = 0.05
+# a kernel sum leaves out what a call spends between kernels and what a kernel leaves cached for
+# the next, which differ with their number: the best candidate of each count below the leading
+# finalists' (one kernel a head for a whole attention, say) is timed end to end too, where its
+# estimate is within this of the best; at most FEWER_KERNELS of them
+FEWER_CLOSE = 0.10
+FEWER_KERNELS = 3
 TIMING_PASSES = 2              # ... each this many times, the finalists in turn; its best time counts
 BATCH = 8                      # candidates drawn per round
 
@@ -40,6 +46,16 @@ class Outcome:
     detail: str = ""
     # where its evaluation's time went: seconds by phase (compiler/measure.py: PHASES)
     spent: dict[str, float] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def measured(cls, estimate_s: float, kernels: int) -> Outcome:
+        return cls("ok", estimate_s, f"{kernels} kernels")
+
+    @property
+    def kernels(self) -> int | None:
+        """How many kernels a measured candidate launches (its detail, in the database too)."""
+        count = self.detail.removesuffix(" kernels")
+        return int(count) if self.status == "ok" and count.isdigit() else None
 
 
 @dataclass
@@ -100,6 +116,7 @@ class RegionTuner:
         self.on_progress = on_progress
         self.scored: dict[tuple, float] = {}          # genome -> best estimate over variants
         self.ok: list[tuple] = []          # estimate, key, variant, outputs, genome
+        self.outcomes: dict[str, Outcome] = {}     # key -> its outcome, of those in `ok`
         self.start = time.monotonic()
         self.lowered_measured = False
         # an `evaluate` that measures several candidates side by side (compiler/worker.py) takes
@@ -219,6 +236,7 @@ class RegionTuner:
         if outcome.status == "ok":
             p.valid += 1
             self.ok.append((outcome.estimate_s, key, variant, outputs, genome))
+            self.outcomes[key] = outcome
             if p.first_valid_s is None:
                 p.first_valid_s = outcome.estimate_s
             p.best_s = min(p.best_s or outcome.estimate_s, outcome.estimate_s)
@@ -226,6 +244,19 @@ class RegionTuner:
                 self.scored[genome] = min(self.scored.get(genome, outcome.estimate_s), outcome.estimate_s)
         p.curve.append((time.monotonic() - self.start, p.tried, p.best_s or float("nan")))
         self.on_progress(p)
+
+    def _fewer_kernels(self, ranked: list[tuple]) -> set[str]:
+        """The best candidate of each kernel count below the leading finalists' fewest, within
+        FEWER_CLOSE of the best estimate (at most FEWER_KERNELS, the fewest kernels first)."""
+        leading = [n for row in ranked[:FINALISTS] if (n := self.outcomes[row[1]].kernels) is not None]
+        best: dict[int, str] = {}
+        for estimate, key, *_ in ranked:
+            count = self.outcomes[key].kernels
+            if estimate > ranked[0][0] * (1 + FEWER_CLOSE):
+                break
+            if leading and count is not None and count < min(leading):
+                best.setdefault(count, key)
+        return {best[count] for count in sorted(best)[:FEWER_KERNELS]}
 
     def _final(self, forced: set[str] = frozenset()) -> Winner:
         if not self.ok:
@@ -243,6 +274,7 @@ class RegionTuner:
         lowered = [row for row in ranked if row[1].startswith(ORIGINAL + "/")]
         forced = (set(forced) | {as_lowered} | {f"{ORIGINAL}/{row[2]}" for row in ranked[:FINALISTS]}
                   | {row[1] for row in lowered if row[0] <= lowered[0][0] * (1 + LOWERED_CLOSE)})
+        forced |= self._fewer_kernels(ranked)
         finalists = ranked[:FINALISTS] + [row for row in ranked[FINALISTS:] if row[1] in forced]
         # a burst of load on a shared machine (another process taking the cores an OpenMP region
         # waits for) made one finalist's ten runs 500x its others' (a 30 us program timed at 16
@@ -267,7 +299,8 @@ class RegionTuner:
                         seconds.pop(key, None)
         for estimate, key, *_ in untimed:
             self.db.record_candidate(self.compile_id, self.region, key, "crash" if key in crashed else "ok",
-                                     estimate, end_to_end_s=seconds.get(key), detail=crashed.get(key, ""))
+                                     estimate, end_to_end_s=seconds.get(key),
+                                     detail=crashed.get(key, self.outcomes[key].detail))
         if not seconds:
             raise KilnError(f"kiln: every finalist of region {self.progress.region} crashed when timed end to "
                             f"end; the first: {next(iter(crashed.values()))}")

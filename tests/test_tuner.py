@@ -150,6 +150,35 @@ def test_the_program_as_lowered_is_timed_whole_under_each_policy_estimated_near_
     assert timed == {"a", "b"}
 
 
+def test_a_program_of_fewer_kernels_estimated_near_the_best_is_timed_whole(tmp_path):
+    """Policy a splits the program into 15 kernels and leads the estimates; b makes 6 kernels,
+    estimated 3% dearer; c 4 kernels, 8% dearer; d 2 kernels, 30% dearer. Whole, c runs fastest
+    (what a kernel sum leaves out between kernels): the best of each count below the leaders',
+    within FEWER_CLOSE, is a finalist, so c wins; d is not timed whole."""
+    program = [long_sum(6)]
+    saturated = saturate(program, with_associativity(), Limits(max_enodes=4_000))
+    policies = {"a": (1.00e-6, 15), "b": (1.03e-6, 6), "c": (1.08e-6, 4), "d": (1.30e-6, 2)}
+    timed: set[str] = set()
+
+    def evaluate(outputs, variant):
+        estimate, kernels = policies[variant]
+        return Outcome.measured(estimate * (1.0 if outputs[0] is program[0] else 0.99), kernels)
+
+    def end_to_end(outputs, variant):
+        timed.add(variant)
+        return {"a": 3e-6, "b": 2.5e-6, "c": 2e-6, "d": 1e-6}[variant]
+
+    with TuneDB(tmp_path / "tune.sqlite") as db:
+        tuner = RegionTuner("r", "layer", program, saturated, list(policies), evaluate,
+                            end_to_end=end_to_end, db=db, compile_id="c1", seed=0)
+        tuner.measure_lowered(Deadline(60))
+        winner = tuner.run(Deadline(60), max_candidates=12)
+        assert winner.variant == "c" and winner.end_to_end_s == 2e-6
+        assert timed == {"a", "b", "c"}
+        # the count comes back with a resumed compile's candidates, from the database
+        assert Outcome("ok", 1e-6, db.candidate("c1", "r", winner.key).detail).kernels == 4
+
+
 def test_the_search_time_that_candidates_a_minute_divide_by_leaves_out_the_finalists(tmp_path):
     """Finalists are timed whole after the search, 0.2 s each here: the search's own time (which
     the report's candidates a minute divide by) ends before them, the run's time after."""
