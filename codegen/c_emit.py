@@ -11,7 +11,7 @@ from ..ir.ops import ELEMENTWISE, Op, lowest
 from ..ir.symbolic import Call, Expr
 from .index import stride
 from .kernel import (Apply, Bind, Const, InRange, IndexValue, Kernel, KernelConfig, Load, Reduce,
-                     Scalar, alpha_canonical, free_vars, nodes, renamed, staged_rows)
+                     Scalar, alpha_canonical, free_vars, inner_vars, nodes, renamed, staged_rows)
 
 # storage types; f16/bf16 are stored as their bits and computed in float
 STORAGE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DType.I32: "int32_t",
@@ -431,6 +431,9 @@ class _CBody(_Body):
         that length is a symbol, the live window), declared in that loop's body."""
         found = super().stage(members, var, level, width, outer)
         reduction_level = level - 1
+        # a reduction nested in a member's body (a sum split in two) is not open where a row is
+        # computed: a value reading its variable is no row of `var`'s
+        nested = {n for r in members for n in inner_vars(r.body)}
         for body in (r.body for r in members):
             stack = [body]
             while stack:
@@ -443,6 +446,7 @@ class _CBody(_Body):
                 around = names - {var}
                 at = self.level_of(around)
                 if (isinstance(x, (Apply, Reduce)) and x.dtype.is_float and at < reduction_level
+                        and not around & nested
                         and not (x.op is Op.CAST and isinstance(x.args[0], Load))   # a load converted
                         and not any(n in self.binds and n not in self.level for n in around)):
                     found.add(x)
@@ -465,7 +469,16 @@ class _CBody(_Body):
             self.reductions += [r for r in reductions if r not in known]
             self.binds.update(binds)
             weighted = _weighted_sum(row, step)
+            # the row is computed in the block at `at`: the loops inside it (the reduction whose
+            # body asked for the row among them) and what was computed in them are not open there
+            closed = {n: v for n, v in self.level.items() if v > at}, {x: v for x, v in self.memo.items() if v[1] > at}
+            for n in closed[0]:
+                del self.level[n]
+            for x in closed[1]:
+                del self.memo[x]
             lines = self._axpy_row(name, step, extent, *weighted) if weighted else self._row(name, step, extent, row)
+            self.level.update(closed[0])
+            self.memo.update(closed[1])
             self.blocks[at].extend(lines)
             self.outer_rows[key] = name
         return self.outer_rows[key]

@@ -4,11 +4,13 @@ reference interpreter."""
 import numpy as np
 import pytest
 
-from kiln.codegen.heads import split_by_heads
+from kiln.codegen.heads import _heads, split_by_heads
 from kiln.codegen.kernel import split_reductions
 from kiln.codegen.packing import PackedWeights
 from kiln.codegen.schedule import POLICIES, schedule
-from kiln.ir import regions as regionlib, run
+from kiln.ir import Graph, Node, Op, regions as regionlib, run
+from kiln.ir.build import reshape
+from kiln.ir.regions import rebuild
 from kiln.ir.decode import decode_args
 
 from .helpers import tiny_llama
@@ -89,6 +91,29 @@ def test_gate_and_up_sum_the_partials_and_square_the_residual_once(grouped_lm):
 @pytest.mark.parametrize("pos", [0, 6, 15])
 def test_the_heads_policy_computes_what_the_interpreter_does(grouped_lm, rng, pos):
     check(grouped_lm.decode, _args(grouped_lm, rng, pos), policies=[POLICIES[HEADS]], sets=(0, 1, 2))
+
+
+def _query_projection_split_in_two(graph):
+    """`graph` with the query's projection (64 features from the hidden size, 64) summed as two
+    sums of 32, nested: what the search's split rule makes of it (rewrites/split.py)."""
+    def swap(node):
+        if node.op is Op.SUM_REDUCE and node.inputs[0].op is Op.MUL and _heads(node) is None:
+            axis, product = node.attrs["axis"], node.inputs[0]
+            if product.shape[axis] == 64 and node.shape[-1] == 64:
+                parts = reshape(product, (*product.shape[:axis], 2, 32, *product.shape[axis + 1:]))
+                return Node(Op.SUM_REDUCE, [Node(Op.SUM_REDUCE, [parts], axis=axis + 1)], axis=axis)
+        return None
+    return Graph(inputs=graph.inputs, outputs=rebuild(graph.outputs, swap), weights=graph.weights,
+                 symbols=graph.symbols, out_spec=graph.out_spec, in_spec=graph.in_spec)
+
+
+@pytest.mark.parametrize("pos", [0, 9])
+def test_a_query_projection_whose_sum_is_split_runs_under_the_heads_policy(grouped_lm, rng, pos):
+    """A head's query row staged from a sum split in two: the row is computed outside the
+    reductions the head's loop nests, so it reads none of their variables (a rewritten program
+    once failed to compile on `r6 undeclared`)."""
+    check(_query_projection_split_in_two(grouped_lm.decode), _args(grouped_lm, rng, pos),
+          policies=[POLICIES[HEADS]], sets=(0, 1))
 
 
 def test_a_prefill_has_nothing_to_split(grouped_lm):
