@@ -9,9 +9,8 @@ import numpy as np
 from ..ir.dtypes import DType, accumulator
 from ..ir.ops import ELEMENTWISE, Op, lowest
 from ..ir.symbolic import Call, Expr
-from .index import stride
-from .kernel import (Apply, Bind, Const, InRange, IndexValue, Kernel, KernelConfig, Load, Reduce,
-                     Scalar, alpha_canonical, free_vars, inner_vars, nodes, renamed, staged_rows)
+from .kernel import (Apply, Bind, Const, InRange, IndexValue, KernelConfig, Load, Reduce, Scalar,
+                     alpha_canonical, free_vars, nodes, renamed)
 
 # storage types; f16/bf16 are stored as their bits and computed in float
 STORAGE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DType.I32: "int32_t",
@@ -314,12 +313,17 @@ class _Body:
             lines: list[str] = []
             saved = dict(self.memo), dict(self.level)
             self.blocks[level], self.level["kiln_row"] = lines, level
+            self.share(row, level)
             value, _ = self.emit(row)
             del self.blocks[level]
             self.close_scope(*saved, _STAGING_LEVEL - 1)
             self.staging(name, self.rows[row], lines, value)
             self.staged[same] = name
         return self.staged[same]
+
+    def share(self, row: Scalar, level: int) -> None:
+        """Before a staged row is emitted at `level`: what the dialect computes once for it and
+        for the kernel's other reductions (the C one: sums a step of it computes)."""
 
     def staging(self, name: str, extent: int, lines: list[str], value: str) -> None:
         """The dialect's loop that fills a staged row's array, before the points' loop."""
@@ -366,35 +370,6 @@ class _Body:
         return results[0]
 
 
-def _weighted_sum(row: Scalar, step: str) -> tuple[Reduce, Scalar, Scalar] | None:
-    """(the sum, weight, term) where a row is an f32 Σ_j weight(j)·term(j, step), the weight not
-    reading the row's step; else None."""
-    if not (isinstance(row, Reduce) and row.op is Op.SUM_REDUCE and row.dtype is DType.F32
-            and isinstance(row.body, Apply) and row.body.op is Op.MUL and row.body.dtype is DType.F32):
-        return None
-    memo: dict = {}
-    steps = [step in free_vars(a, memo) for a in row.body.args]
-    if steps.count(True) != 1:
-        return None
-    term = row.body.args[steps.index(True)]
-    return row, row.body.args[steps.index(False)], term
-
-
-AXPY_ROW = 1024       # the longest row of points a kernel sums as one (a C array on the stack)
-
-
-def _row_by_axpy(value: Scalar, var: str, extent: Expr) -> bool:
-    """Whether a kernel's points along its last loop are better summed as one row: a weighted sum
-    whose terms it reads contiguously along that loop (P.V's value rows, a product's row-major
-    right operand), where a sum a point would stride through them."""
-    weighted = _weighted_sum(value, var)
-    if weighted is None or not extent.is_const or extent.value > AXPY_ROW:
-        return False
-    memo: dict = {}
-    loads = [x for x in nodes(weighted[2]) if isinstance(x, Load) and var in free_vars(x, memo)]
-    return bool(loads) and all(stride(x.index, var) == 1 for x in loads)
-
-
 def _reductions_and_binds(values) -> tuple[list[Reduce], dict[str, Bind]]:
     reductions: dict[Reduce, None] = {}
     binds: dict[str, Bind] = {}
@@ -415,178 +390,3 @@ def _reductions_and_binds(values) -> tuple[list[Reduce], dict[str, Bind]]:
 def _inside(outer: Scalar, inner: Scalar) -> bool:
     """Whether `inner` occurs in `outer`'s value (itself excluded)."""
     return inner in nodes(*outer.children())
-
-
-class _CBody(_Body):
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.outer_rows: dict[tuple[Scalar, int], str] = {}   # (row, level) -> its array
-
-    def stage(self, members: list[Reduce], var: str, level: int, width: int = 1,
-              outer: list[str] | None = None) -> set[Scalar]:
-        """Besides the rows every point reads alike, a row that varies only with loops outside the
-        reduction's own (softmax's normalized probabilities for P.V vary with the head, not with
-        the output column) is computed into an array once per step of the outermost loop it
-        needs, not once per point inside it: a C array of the reduction's length (a VLA where
-        that length is a symbol, the live window), declared in that loop's body."""
-        found = super().stage(members, var, level, width, outer)
-        reduction_level = level - 1
-        # a reduction nested in a member's body (a sum split in two) is not open where a row is
-        # computed: a value reading its variable is no row of `var`'s
-        nested = {n for r in members for n in inner_vars(r.body)}
-        for body in (r.body for r in members):
-            stack = [body]
-            while stack:
-                x = stack.pop()
-                if x in found or x in self.memo:
-                    continue
-                names = free_vars(x, self.vars_memo)
-                if var not in names:
-                    continue
-                around = names - {var}
-                at = self.level_of(around)
-                if (isinstance(x, (Apply, Reduce)) and x.dtype.is_float and at < reduction_level
-                        and not around & nested
-                        and not (x.op is Op.CAST and isinstance(x.args[0], Load))   # a load converted
-                        and not any(n in self.binds and n not in self.level for n in around)):
-                    found.add(x)
-                    self.memo[x] = (f"{self._outer_row(x, var, at, members[0].extent)}[{var}]", level)
-                    continue
-                stack.extend(x.children())
-        return found
-
-    def _outer_row(self, row: Scalar, var: str, at: int, extent: Expr) -> str:
-        key = (alpha_canonical(renamed(row, {var: "kiln_row"})), at)
-        if key not in self.outer_rows:
-            # a row's own reductions (softmax's max and sum) may stage rows of their own while
-            # it is emitted: each gets its own level and variable
-            self.count += 1
-            name, step = f"kiln_row{self.count}", f"kiln_r{self.count}"
-            row = renamed(row, {var: step})
-            # the row's own reductions and binds (renamed: copies of the kernel's) may share loops
-            reductions, binds = _reductions_and_binds((row,))
-            known = set(self.reductions)
-            self.reductions += [r for r in reductions if r not in known]
-            self.binds.update(binds)
-            weighted = _weighted_sum(row, step)
-            # the row is computed in the block at `at`: the loops inside it (the reduction whose
-            # body asked for the row among them) and what was computed in them are not open there
-            closed = {n: v for n, v in self.level.items() if v > at}, {x: v for x, v in self.memo.items() if v[1] > at}
-            for n in closed[0]:
-                del self.level[n]
-            for x in closed[1]:
-                del self.memo[x]
-            lines = self._axpy_row(name, step, extent, *weighted) if weighted else self._row(name, step, extent, row)
-            self.level.update(closed[0])
-            self.memo.update(closed[1])
-            self.blocks[at].extend(lines)
-            self.outer_rows[key] = name
-        return self.outer_rows[key]
-
-    def _row(self, name: str, step: str, extent: Expr, row: Scalar) -> list[str]:
-        """row[step] = value, a step at a time."""
-        fake, saved = self.staging_level(), (dict(self.memo), dict(self.level))
-        lines: list[str] = []
-        self.blocks[fake], self.level[step] = lines, fake
-        value, _ = self.emit(row)
-        del self.blocks[fake]
-        self.close_scope(*saved, _STAGING_LEVEL - 1)
-        length = index_code(extent)
-        return [f"{COMPUTE[row.dtype]} {name}[{length}];",
-                f"for (int64_t {step} = 0; {step} < {length}; {step}++) {{",
-                *("  " + line for line in lines), f"  {name}[{step}] = {value};", "}"]
-
-    def _axpy_row(self, name: str, step: str, extent: Expr, total: Reduce, weight: Scalar,
-                  term: Scalar) -> list[str]:
-        """row[step] = Σ_j weight(j)·term(j, step), the sum's loop outside the row's: a step of it
-        adds a weight times a row of terms to the whole row (P.V's probabilities times a value row,
-        read contiguously where a sum a step would stride through the values)."""
-        outer, inner = self.staging_level(), self.staging_level()
-        saved = dict(self.memo), dict(self.level)
-        key_lines: list[str] = []
-        step_lines: list[str] = []
-        self.blocks[outer], self.level[total.var] = key_lines, outer
-        self.blocks[inner], self.level[step] = step_lines, inner
-        w, _ = self.emit(weight)
-        t, _ = self.emit(term)
-        del self.blocks[outer], self.blocks[inner]
-        self.close_scope(*saved, _STAGING_LEVEL - 1)
-        length = index_code(extent)
-        return [f"float {name}[{length}];",
-                f"for (int64_t {step} = 0; {step} < {length}; {step}++) {name}[{step}] = 0.0f;",
-                f"for (int64_t {total.var} = 0; {total.var} < {index_code(total.extent)}; {total.var}++) {{",
-                *("  " + line for line in key_lines),
-                *("  " + line for line in self.row_pragmas()),
-                f"  for (int64_t {step} = 0; {step} < {length}; {step}++) {{",
-                *("    " + line for line in step_lines),
-                f"    {name}[{step}] += {w} * {t};", "  }", "}"]
-
-    def row_pragmas(self) -> list[str]:
-        """What goes before an axpy row's loop: vectorized or unrolled as the configuration says."""
-        if self.config.simd:
-            return ["#pragma omp simd"]
-        return [f"#pragma GCC unroll {self.config.unroll}"] if self.config.unroll > 1 else []
-
-    def loop_pragmas(self, group: list[Reduce], accs: list[str]) -> list[str]:
-        if all(r.op is Op.SUM_REDUCE for r in group) and self.config.simd:
-            return [f"#pragma omp simd reduction(+:{', '.join(accs)})"]
-        # gcc wants each of these pragmas directly before the loop, so simd takes precedence
-        return [f"#pragma GCC unroll {self.config.unroll}"] if self.config.unroll > 1 else []
-
-
-def emit_c(kernel: Kernel, config: KernelConfig, name: str) -> str:
-    """One C function `void name(out, in..., const int64_t* sym)` for the kernel."""
-    loops = ordered_loops(kernel, config)
-    body = _CBody(loops, config, tuple(w.value for w in kernel.writes))
-    body.rows = staged_rows(kernel)
-    n = len(loops)
-    for write in kernel.writes:
-        if n >= 2 and _row_by_axpy(write.value, *loops[-1]):
-            # the points of the last loop as one row of sums, a term row added a step of the sum
-            var, extent = loops[-1]
-            value = f"{body._outer_row(write.value, var, n - 1, extent)}[{var}]"
-        else:
-            value, _ = body.emit(write.value)
-        if body.level_of(write.store.symbols()) < n:
-            raise ValueError("a kernel's store must depend on its innermost loop")
-        body.blocks[n].append(f"{write.output.name}[{index_code(write.store)}] = "
-                              f"{store_code(value, write.output.dtype)};")
-    params = [f"{STORAGE[b.dtype]}* restrict {b.name}" for b in kernel.outputs]
-    params += [f"const {STORAGE[b.dtype]}* restrict {b.name}" for b in kernel.inputs]
-    params.append("const int64_t* restrict kiln_sym")
-    lines = [f"void {name}({', '.join(params)}) {{"]
-    lines += [f"  const int64_t {s} = kiln_sym[{i}];" for i, s in enumerate(kernel.symbols)]
-    lines += ["  " + line for line in body.blocks[0]]
-    parallel = _collapse(body, config.parallel, n)
-    indent = "  "
-    for k, (var, extent) in enumerate(loops):
-        if k == 0 and parallel:
-            collapse = f" collapse({parallel})" if parallel > 1 else ""
-            lines.append(f"{indent}#pragma omp parallel for{collapse} schedule(static)")
-        lines.append(f"{indent}for (int64_t {var} = 0; {var} < {index_code(extent)}; {var}++) {{")
-        indent += "  "
-        lines += [indent + line for line in body.blocks[k + 1]]
-    for k in range(n, 0, -1):
-        indent = indent[:-2]
-        lines.append(indent + "}")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
-def ordered_loops(kernel: Kernel, config: KernelConfig):
-    """The output loops with the one the config names moved outermost (a GEMM reads each weight
-    row once when its output-feature loop is outside the token loop)."""
-    loops = list(kernel.loops)
-    if 0 < config.outer < len(loops):
-        loops.insert(0, loops.pop(config.outer))
-    return loops
-
-
-def _collapse(body: _Body, wanted: int, loops: int) -> int:
-    """Loops collapsed into one parallel loop must be perfectly nested: no statements between."""
-    depth = 0
-    while depth < min(wanted, loops):
-        depth += 1
-        if body.blocks[depth] and depth < min(wanted, loops):
-            break
-    return depth

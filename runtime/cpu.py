@@ -17,7 +17,8 @@ from typing import Callable
 import numpy as np
 
 from ..codegen.attention import AttentionConfig, as_attention, emit_c_attention
-from ..codegen.c_emit import PRELUDE, emit_c
+from ..codegen.c_emit import PRELUDE
+from ..codegen.c_kernel import emit_c
 from ..codegen.kernel import Kernel, KernelConfig, config_space, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library
 from ..ir.dtypes import DType
@@ -29,9 +30,12 @@ from .library import ArrayInterop, LibraryKernel
 
 # -ffp-contract=off: each operation rounded as the reference interpreter rounds it (gcc would fuse
 # x * x - m into one FMA, whose unrounded product makes softmax's exp2(x² - max x²) differ from 1
-# for the largest element by up to exp2(±ulp/2) of a large x²)
+# for the largest element by up to exp2(±ulp/2) of a large x²).
+# -fno-loop-unroll-and-jam: gcc jammed P.V's loop over keys into its row's loop, so that softmax's
+# exp2 ran once per value element, not once per key (SmolLM2's heads kernel, scores staged: 2.2x
+# slower; no other kernel of its decode layer compiles otherwise)
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off",
-          "-std=gnu11"]
+          "-fno-loop-unroll-and-jam", "-std=gnu11"]
 
 
 COPY_SOURCE = """

@@ -527,7 +527,7 @@ def test_softmax_merged_into_pv_computes_each_probability_once_per_head_and_posi
     """In C, softmax's probabilities vary with the head and the position, not with P.V's output
     column: they are computed into an array in the head's loop, and the columns' reduction reads
     it (the test above checks the values against the interpreter)."""
-    from kiln.codegen.c_emit import emit_c
+    from kiln.codegen.c_kernel import emit_c
     from kiln.codegen.kernel import KernelConfig
     merged = schedule(tiny_lm.decode, POLICIES[-1])
     pv = next(k for k in merged.kernels if "exp2f" in emit_c(k, KernelConfig(), "k")

@@ -12,6 +12,7 @@ from kiln.ir import Graph, Node, Op, regions as regionlib, run
 from kiln.ir.build import reshape
 from kiln.ir.regions import rebuild
 from kiln.ir.decode import decode_args
+from kiln.runtime.cpu import CpuBackend
 
 from .helpers import tiny_llama
 from .kernel_check import check
@@ -86,6 +87,32 @@ def test_gate_and_up_sum_the_partials_and_square_the_residual_once(grouped_lm):
     assert gate_up.also, "gate and up are one kernel"
     once, _ = split_reductions(*(w.value for w in gate_up.writes))
     assert sorted(r.extent.value for r in once) == [64, 64, 64]       # squares, gate's row, up's row
+
+
+def _read_at(program, kernel, roles) -> dict[str, int]:
+    """How many places in the kernel's C read each of its inputs of these roles, by source."""
+    _, source = CpuBackend().render(kernel, CpuBackend.default_config(kernel))
+    return {program.buffers[b.name].source or b.name: source.count(f"{b.name}[") for b in kernel.inputs
+            if program.buffers[b.name].role in roles}
+
+
+def test_a_heads_kernel_computes_its_scores_and_its_query_once(grouped_lm):
+    """Softmax's max, its sum and P.V's weights read one row of scores, and rotary reads a query
+    feature's partner from the row of projections: the query's weight and the caches are each
+    read at one place, not once for each of the four score loops and twice for the query."""
+    graph = grouped_lm.decode
+    program = schedule(regionlib.split(graph)[1].program(graph), POLICIES[HEADS])
+    reads = _read_at(program, program.kernels[1], ("weight", "temp"))
+    assert len(reads) == 5 and set(reads.values()) == {1}, reads   # norm, query, output; the caches
+
+
+def test_gate_and_up_add_up_the_heads_partials_once(grouped_lm):
+    """The residual the partials complete is read by the norm's sum of squares and by the
+    normalized row: the partials are added up once, a head's row at a time."""
+    graph = grouped_lm.decode
+    program = schedule(regionlib.split(graph)[1].program(graph), POLICIES[HEADS])
+    partials = _read_at(program, program.kernels[2], ("temp",))
+    assert list(partials.values()) == [1], partials
 
 
 @pytest.mark.parametrize("pos", [0, 6, 15])

@@ -10,8 +10,9 @@ import gc
 import weakref
 
 from kiln.codegen.c_emit import literal
-from kiln.codegen.kernel import (Apply, Bind, Const, IndexValue, Load, Reduce, alpha_canonical, bound_names,
-                                  free_vars, nodes, renamed)
+from kiln.codegen.c_kernel import _within
+from kiln.codegen.kernel import (Apply, Bind, Const, InRange, IndexValue, Load, Reduce, alpha_canonical,
+                                  bound_names, free_vars, nodes, renamed)
 from kiln.ir import DType, Op
 from kiln.ir.symbolic import Expr, sym
 
@@ -82,3 +83,19 @@ def test_bound_names_pair_the_variables_two_copies_bind():
     names = bound_names(first, second)
     assert names == {"r2": "r1", "g2": "g1"}
     assert renamed(second, names) is first
+
+
+def test_an_index_a_bind_computes_is_within_a_row_only_where_every_value_is():
+    """Rotary's partner of feature d in a row of 64: d + 32 in the first half, d - 32 in the
+    second, each clamped as the lowering writes it. A row's partner is read from the row only
+    where no step's partner lies outside it."""
+    d = sym("d")
+    partner = Apply(Op.WHERE, (InRange(d, Expr.of(0), Expr.of(32)),
+                               IndexValue(Expr.of(31).min(Expr.of(0).max(d)) + 32, DType.I64),
+                               IndexValue(Expr.of(31).min(Expr.of(0).max(d - 32)), DType.I64)), DType.I64)
+    steps = {"d": (0, 63)}
+    assert _within(partner, steps, 64)
+    assert not _within(partner, steps, 48)                                  # 32 + 31 past a row of 48
+    assert not _within(IndexValue(d + 1, DType.I64), steps, 64)             # the last step's is 64
+    assert not _within(IndexValue(d + sym("pos"), DType.I64), steps, 64)    # unbounded
+    assert not _within(Load("ids", d, DType.I64), steps, 64)                # read, not computed
