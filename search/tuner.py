@@ -32,8 +32,9 @@ LOWERED_CLOSE = 0.05
 # a kernel sum leaves out what a call spends between kernels and what a kernel leaves cached for
 # the next, which differ with their number: the best candidate of each count below the leading
 # finalists' (one kernel a head for a whole attention, say) is timed end to end too, where its
-# estimate is within this of the best; at most FEWER_KERNELS of them
-FEWER_CLOSE = 0.10
+# estimate is within this of the best; at most FEWER_KERNELS of them. The two err apart: SmolLM2's
+# decode layer on the 2-core VM ran 1.26x its kernel sum end to end in 16 kernels, 0.81x in 6
+FEWER_CLOSE = 0.5
 FEWER_KERNELS = 3
 TIMING_PASSES = 2              # ... each this many times, the finalists in turn; its best time counts
 BATCH = 8                      # candidates drawn per round

@@ -152,12 +152,12 @@ def test_the_program_as_lowered_is_timed_whole_under_each_policy_estimated_near_
 
 def test_a_program_of_fewer_kernels_estimated_near_the_best_is_timed_whole(tmp_path):
     """Policy a splits the program into 15 kernels and leads the estimates; b makes 6 kernels,
-    estimated 3% dearer; c 4 kernels, 8% dearer; d 2 kernels, 30% dearer. Whole, c runs fastest
+    estimated 3% dearer; c 4 kernels, 8% dearer; d 2 kernels, 60% dearer. Whole, c runs fastest
     (what a kernel sum leaves out between kernels): the best of each count below the leaders',
     within FEWER_CLOSE, is a finalist, so c wins; d is not timed whole."""
     program = [long_sum(6)]
     saturated = saturate(program, with_associativity(), Limits(max_enodes=4_000))
-    policies = {"a": (1.00e-6, 15), "b": (1.03e-6, 6), "c": (1.08e-6, 4), "d": (1.30e-6, 2)}
+    policies = {"a": (1.00e-6, 15), "b": (1.03e-6, 6), "c": (1.08e-6, 4), "d": (1.60e-6, 2)}
     timed: set[str] = set()
 
     def evaluate(outputs, variant):
