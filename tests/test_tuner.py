@@ -179,6 +179,26 @@ def test_a_program_of_fewer_kernels_estimated_near_the_best_is_timed_whole(tmp_p
         assert Outcome("ok", 1e-6, db.candidate("c1", "r", winner.key).detail).kernels == 4
 
 
+@pytest.mark.parametrize("fewer_whole, wins", [(2.04e-6, "b"), (2.10e-6, "a")])
+def test_a_program_of_fewer_kernels_within_the_timings_noise_of_the_fastest_wins(tmp_path, fewer_whole, wins):
+    """Policy a makes 27 kernels, b 4; both are finalists, a runs 2 us whole. b, 2% slower, is as
+    fast as the timing can tell (TIE_CLOSE) and wins by its fewer kernels; 5% slower, it loses."""
+    program = [long_sum(6)]
+    saturated = saturate(program, with_associativity(), Limits(max_enodes=4_000))
+    policies = {"a": (1.00e-6, 27), "b": (1.05e-6, 4)}
+
+    def evaluate(outputs, variant):
+        return Outcome.measured(policies[variant][0], policies[variant][1])
+
+    with TuneDB(tmp_path / "tune.sqlite") as db:
+        tuner = RegionTuner("r", "layer", program, saturated, list(policies), evaluate,
+                            end_to_end=lambda outputs, variant: {"a": 2e-6, "b": fewer_whole}[variant],
+                            db=db, compile_id="c1", seed=0)
+        tuner.measure_lowered(Deadline(60))
+        winner = tuner.run(Deadline(60), max_candidates=12)
+    assert winner.variant == wins
+
+
 def test_the_search_time_that_candidates_a_minute_divide_by_leaves_out_the_finalists(tmp_path):
     """Finalists are timed whole after the search, 0.2 s each here: the search's own time (which
     the report's candidates a minute divide by) ends before them, the run's time after."""
