@@ -11,6 +11,7 @@ the journal and measures it again never."""
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ LOWERED_CLOSE = 0.05
 # decode layer on the 2-core VM ran 1.26x its kernel sum end to end in 16 kernels, 0.81x in 6
 FEWER_CLOSE = 0.5
 FEWER_KERNELS = 3
-TIMING_PASSES = 2              # ... each this many times, the finalists in turn; its best time counts
+TIMING_PASSES = 3              # ... each this many times, the finalists in turn; its median pass counts
 # finalists this close end to end are as fast as the timing can tell apart, and the one of fewest
 # kernels wins (it leaves the least to what lies between kernels in a whole step): rewrites of
 # SmolLM2's decode layer estimated within 1% of each other timed 375-414 us whole in one compile
@@ -285,8 +286,10 @@ class RegionTuner:
         # a burst of load on a shared machine (another process taking the cores an OpenMP region
         # waits for) made one finalist's ten runs 500x its others' (a 30 us program timed at 16
         # ms, beaten by the program as lowered): each finalist is timed in every pass, the passes
-        # apart in time, and its best pass counts
-        seconds = {}
+        # apart in time, and its median pass counts. Its best would let one fast spell decide the
+        # other way: on the 2-core VM a program timed 257 us whole once, 17% below every other
+        # finalist, ran about 308 us a layer in the step the bench timed next
+        seconds, passes = {}, {}
         for row in finalists:
             record = self.db.candidate(self.compile_id, self.region, row[1])
             if record and record.end_to_end_s:
@@ -299,7 +302,8 @@ class RegionTuner:
                 if key not in crashed:
                     timed = _outcome(lambda: Outcome("ok", self.end_to_end(outputs, variant)))
                     if timed.status == "ok":
-                        seconds[key] = min(seconds.get(key, float("inf")), timed.estimate_s)
+                        passes.setdefault(key, []).append(timed.estimate_s)
+                        seconds[key] = statistics.median(passes[key])
                     else:      # (out of memory on a GPU the workers share): the finalist, not the compile
                         crashed[key] = timed.detail
                         seconds.pop(key, None)
