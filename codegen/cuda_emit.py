@@ -58,37 +58,55 @@ __device__ __forceinline__ int64_t kiln_shfl_xor(int64_t v, int o) {
 }
 """
 
-# 16 bytes at a time: how a vector of each storage type is read and unpacked into floats
-_VECTOR = {(dtype, width): f"kiln_{dtype.value}x{width}"
-           for dtype in (DType.BF16, DType.F16, DType.F32) for width in (4, 8)}
+# 16 bytes at a time (8 for four 16-bit elements): how a vector of each storage type is read and
+# unpacked into floats. Each helper comes twice: reading plainly (through L1, where a row that many
+# points read, a GEMV's x, is found again), and streaming (`_stream`: past L1, with a 256-byte L2
+# prefetch) for a row each point reads once, a GEMV's weight row: on an H100, GEMVs that streamed
+# the weight ran 1-8% faster (benchmarks/h100-gemv-probe-2026-12-06.txt), where streaming x too
+# made the 2048->512 product 8% slower
+_UNPACK = {  # (dtype, width): (the raw read's type, the unpacking of r into v)
+    (DType.BF16, 8): ("uint4", "unsigned w[4] = {r.x, r.y, r.z, r.w};\n  #pragma unroll\n  for (int i = 0; i < 4; i++) "
+                               "{ v[2*i] = __int_as_float(w[i] << 16); v[2*i+1] = __int_as_float(w[i] & 0xffff0000u); }"),
+    (DType.F16, 8): ("uint4", "unsigned w[4] = {r.x, r.y, r.z, r.w};\n  #pragma unroll\n  for (int i = 0; i < 4; i++) "
+                              "{ v[2*i] = kiln_f16_load((uint16_t)(w[i] & 0xffffu)); "
+                              "v[2*i+1] = kiln_f16_load((uint16_t)(w[i] >> 16)); }"),
+    (DType.BF16, 4): ("uint2", "v[0] = __int_as_float(r.x << 16); v[1] = __int_as_float(r.x & 0xffff0000u);\n"
+                               "  v[2] = __int_as_float(r.y << 16); v[3] = __int_as_float(r.y & 0xffff0000u);"),
+    (DType.F16, 4): ("uint2", "v[0] = kiln_f16_load((uint16_t)(r.x & 0xffffu)); v[1] = kiln_f16_load((uint16_t)(r.x >> 16));\n"
+                              "  v[2] = kiln_f16_load((uint16_t)(r.y & 0xffffu)); v[3] = kiln_f16_load((uint16_t)(r.y >> 16));"),
+    (DType.F32, 4): ("uint4", "v[0] = __uint_as_float(r.x); v[1] = __uint_as_float(r.y); "
+                              "v[2] = __uint_as_float(r.z); v[3] = __uint_as_float(r.w);"),
+}
+_VECTOR = {(dtype, width): f"kiln_{dtype.value}x{width}" for dtype, width in (*_UNPACK, (DType.F32, 8))}
+_STREAM = "_stream"
 PRELUDE += r"""
-__device__ __forceinline__ void kiln_bf16x8(float* v, const uint16_t* p) {
-  uint4 r = *(const uint4*)p; unsigned w[4] = {r.x, r.y, r.z, r.w};
-  #pragma unroll
-  for (int i = 0; i < 4; i++) { v[2*i] = __int_as_float(w[i] << 16); v[2*i+1] = __int_as_float(w[i] & 0xffff0000u); }
+__device__ __forceinline__ uint4 kiln_read16(const void* p) { return *(const uint4*)p; }
+__device__ __forceinline__ uint2 kiln_read8(const void* p) { return *(const uint2*)p; }
+__device__ __forceinline__ uint4 kiln_read16_stream(const void* p) {
+#if __CUDA_ARCH__ >= 800
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+#else
+  return kiln_read16(p);
+#endif
 }
-__device__ __forceinline__ void kiln_f16x8(float* v, const uint16_t* p) {
-  uint4 r = *(const uint4*)p; unsigned w[4] = {r.x, r.y, r.z, r.w};
-  #pragma unroll
-  for (int i = 0; i < 4; i++) { v[2*i] = kiln_f16_load((uint16_t)(w[i] & 0xffffu)); v[2*i+1] = kiln_f16_load((uint16_t)(w[i] >> 16)); }
+__device__ __forceinline__ uint2 kiln_read8_stream(const void* p) {
+#if __CUDA_ARCH__ >= 800
+  uint2 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+#else
+  return kiln_read8(p);
+#endif
 }
-__device__ __forceinline__ void kiln_bf16x4(float* v, const uint16_t* p) {
-  uint2 r = *(const uint2*)p;
-  v[0] = __int_as_float(r.x << 16); v[1] = __int_as_float(r.x & 0xffff0000u);
-  v[2] = __int_as_float(r.y << 16); v[3] = __int_as_float(r.y & 0xffff0000u);
-}
-__device__ __forceinline__ void kiln_f16x4(float* v, const uint16_t* p) {
-  uint2 r = *(const uint2*)p;
-  v[0] = kiln_f16_load((uint16_t)(r.x & 0xffffu)); v[1] = kiln_f16_load((uint16_t)(r.x >> 16));
-  v[2] = kiln_f16_load((uint16_t)(r.y & 0xffffu)); v[3] = kiln_f16_load((uint16_t)(r.y >> 16));
-}
-__device__ __forceinline__ void kiln_f32x4(float* v, const float* p) {
-  float4 r = *(const float4*)p; v[0] = r.x; v[1] = r.y; v[2] = r.z; v[3] = r.w;
-}
-__device__ __forceinline__ void kiln_f32x8(float* v, const float* p) {
-  kiln_f32x4(v, p); kiln_f32x4(v + 4, p + 4);
-}
-"""
+""" + "".join(
+    f"__device__ __forceinline__ void {_VECTOR[key]}{mode}(float* v, const {STORAGE[key[0]]}* p) {{\n"
+    f"  {raw} r = kiln_read{16 if raw == 'uint4' else 8}{mode}(p); {unpack}\n}}\n"
+    for key, (raw, unpack) in _UNPACK.items() for mode in ("", _STREAM)) + "".join(
+    f"__device__ __forceinline__ void kiln_f32x8{mode}(float* v, const float* p) {{ "
+    f"kiln_f32x4{mode}(v, p); kiln_f32x4{mode}(v + 4, p + 4); }}\n" for mode in ("", _STREAM))
 
 
 @dataclass(frozen=True)
@@ -110,7 +128,8 @@ class CudaConfig:
     fill the GPU in one launch. `row`: a group per row (every output loop but the last) instead
     of per point: the reductions the row's points share (kernel.row_reductions: softmax's max and
     sum, a norm's sum of squares) are computed once by the group, then its threads take the row's
-    points."""
+    points. `stream`: the vectors of a row each point reads alone (a GEMV's weight row) are read past
+    L1 with an L2 prefetch; those every point reads (x) still through L1."""
     block: int = 256
     group: int = 1
     vector: int = 1
@@ -118,6 +137,7 @@ class CudaConfig:
     stage: bool = False
     split: int = 1
     row: bool = False
+    stream: bool = False
 
     @property
     def points_per_block(self) -> int:
@@ -126,17 +146,17 @@ class CudaConfig:
     def key(self) -> str:
         return (f"block{self.block}-group{self.group}-vector{self.vector}" + ("-across" if self.across else "")
                 + ("-stage" if self.stage else "") + (f"-split{self.split}" if self.split > 1 else "")
-                + ("-row" if self.row else ""))
+                + ("-row" if self.row else "") + ("-stream" if self.stream else ""))
 
     def to_json(self) -> dict:
         return {"block": self.block, "group": self.group, "vector": self.vector, "across": self.across,
-                "stage": self.stage, "split": self.split, "row": self.row}
+                "stage": self.stage, "split": self.split, "row": self.row, "stream": self.stream}
 
     @staticmethod
     def from_json(data: dict) -> CudaConfig:
         return CudaConfig(int(data["block"]), int(data["group"]), int(data["vector"]),
                           bool(data.get("across", False)), bool(data.get("stage", False)),
-                          int(data.get("split", 1)), bool(data.get("row", False)))
+                          int(data.get("split", 1)), bool(data.get("row", False)), bool(data.get("stream", False)))
 
 
 
@@ -266,6 +286,12 @@ def _point_space(kernel: Kernel) -> list[CudaConfig]:
         # split next: the first configuration, and the first that reads across, in 4 and 16 parts
         bases = [space[0]] + [c for c in space if c.across][:1]
         space = space[:2] + [replace(c, split=parts) for c in bases for parts in (4, 16)] + space[2:]
+    points = {v for v, _ in kernel.loops}
+    if width > 1 and reduce.extent.value >= _LONG_ROW and any(
+            _per_point(l, points) for r in shared for l in _loads(r.body) if stride(l.index, r.var) == 1):
+        # third, the second form (a row a block of 128: the usual winner of a GEMV) streaming the
+        # long rows its points read once, within a search candidate's first four
+        space.insert(2, replace(space[1], stream=True))
     return list(dict.fromkeys(space))
 
 
@@ -294,6 +320,11 @@ def _loads(s: Scalar, skip: set[Scalar] = frozenset()) -> list[Load]:
     return out
 
 
+def _per_point(load: Load, point_vars: set[str]) -> bool:
+    """Whether a load reads a row of its own at each point: its index names a point's variable."""
+    return bool(load.index.symbols() & point_vars)
+
+
 def _aligned(index: Expr, var: str, width: int) -> bool:
     return all(c % width == 0 for mono, c in index.terms if mono != (var,))
 
@@ -304,6 +335,7 @@ class _CudaBody(_Body):
         levels = [("kiln_row", Expr.of(1))] if config.row else []
         super().__init__(levels + [("kiln_point", Expr.of(1))], config, tuple(w.value for w in kernel.writes))
         self.level.update({v: 1 for v, _ in kernel.loops})
+        self.point_vars = {v for v, _ in kernel.loops}
         if config.row:
             self.level[kernel.loops[-1][0]] = 2
             self.cooperative = set(row_reductions(kernel) or ())
@@ -349,7 +381,8 @@ class _CudaBody(_Body):
                 self.count += 1
                 name = f"kv{self.count}"
                 at = index_code(substitute(load.index, {s.var: sym("kiln_base")}))
-                outer.append(f"float {name}[{width}]; {_VECTOR[(load.dtype, width)]}({name}, {load.buffer} + {at});")
+                read = _VECTOR[(load.dtype, width)] + (_STREAM if config.stream and _per_point(load, self.point_vars) else "")
+                outer.append(f"float {name}[{width}]; {read}({name}, {load.buffer} + {at});")
                 self.vectors[load] = (f"{name}[kiln_v]", inner_level)
         self.active.update(group_of)
         values = [self.emit(r.body)[0] for r in members]

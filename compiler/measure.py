@@ -164,7 +164,7 @@ class _KernelRecords:
 
 
 class Measurer:
-    def __init__(self, backend, db: TuneDB, fingerprint: str, region: Region, max_configs: int = 12,
+    def __init__(self, backend, db: TuneDB, fingerprint: str, region: Region, max_configs: int | None = None,
                  search_configs: int = 4, deadline: Deadline | None = None,
                  on_trial: Callable[[str, str, dict], None] = lambda name, config, symbols: None,
                  device: AbstractContextManager | None = None):
@@ -173,10 +173,11 @@ class Measurer:
         while kernels run (built, checked, timed), where workers take turns on the device;
         scheduling, rendering and compiling run outside it."""
         self.backend, self.db, self.fingerprint = backend, db, fingerprint
-        self.region, self.max_configs, self.deadline = region, max_configs, deadline
+        self.region, self.deadline = region, deadline
         # a candidate in the search has its kernels' first `search_configs` configurations timed
         # (the default first; on a SmolLM2-sized layer the best of the first four was within 9% of
-        # the best of all for 90% of kernels), a finalist all `max_configs`
+        # the best of all for 90% of kernels), a finalist the first `max_configs` (the backend's)
+        self.max_configs = max_configs or backend.finalist_configs
         self.search_configs = search_configs
         self.on_trial = on_trial
         # a bf16 model's f32 intermediates carry bf16's error: check everything at its tolerance

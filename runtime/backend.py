@@ -17,6 +17,7 @@ from ..ir.dtypes import DType
 @runtime_checkable
 class Backend(Protocol):
     source_suffix: str          # a rendered kernel's file suffix in an artifact (".c", ".cu")
+    finalist_configs: int       # a finalist's kernels have this many of their configurations timed
 
     # --- kernels: render a kernel in a configuration, compile sources, launch ------------------
     @staticmethod

@@ -129,6 +129,7 @@ def _build(source: str, out: Path) -> None:
 class CpuBackend:
     name = "cpu"
     source_suffix = ".c"                # an artifact's kernel files
+    finalist_configs = 12               # each a gcc compile
     timing = "weights evicted before each timed call"     # see evicter()
     # a recording holds one size: it saves a decode step the host's work between its regions
     # (SmolLM2's 32 region calls: 2-3 ms of a 22-25 ms step), where padding prompts to a few

@@ -1,7 +1,7 @@
 """What a small GEMV's time is made of, on the product the GEMV table leaves short (2048 -> 512 at
 86% of a copy of as many bytes on the H200): the template's configurations (wider than its
-search space: blocks of 32 and 64 threads too) with the weight read plainly and with Hopper's
-streaming hints (no L1 allocation, a 256-byte L2 prefetch), hand-written kernels that give each
+search space: blocks of 32 and 64 threads too) with the weight read plainly and streaming
+(CudaConfig.stream: past L1, with a 256-byte L2 prefetch; x through L1), hand-written kernels that give each
 group of threads several rows (so the x vector is read once for them), and the floors in this
 launch mode: an empty kernel, a copy of as many bytes, a read of the weight's bytes that writes
 nothing. Every kernel is timed as the GEMV table times it (a replayed CUDA graph over rotating
@@ -20,14 +20,11 @@ from kiln.runtime.cuda import CudaBackend
 from gemv_table import ROTATIONS_BYTES, gemv_kernel
 from kernel_timing import bf16_bits, from_bits, graph_seconds
 
-PLAIN_LOAD = "uint4 r = *(const uint4*)p;"
-# the weight's 16 bytes read past L1 with a 256-byte L2 prefetch: each byte is read once
-HINTS = {"plain": PLAIN_LOAD,
-         "stream": 'uint4 r; asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];" '
-                   ': "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));'}
+# how a kernel reads the weight: plainly, or streaming (past L1, a 256-byte L2 prefetch: PRELUDE's
+# `_stream` reads, what CudaConfig.stream gives the template)
+MODES = {"plain": "", "stream": "_stream"}
 
 HAND = r"""
-__device__ __forceinline__ uint4 kiln_load16_NAME(const uint16_t* p) { LOAD return r; }
 // ROWS rows per block of GROUP threads, every load issued before any product
 extern "C" __global__ void __launch_bounds__(GROUP) NAME(float* out, const uint16_t* w, const uint16_t* x) {
   __shared__ float partial[ROWS][GROUP / 32 + 1];
@@ -39,7 +36,7 @@ extern "C" __global__ void __launch_bounds__(GROUP) NAME(float* out, const uint1
   #pragma unroll
   for (int r = 0; r < ROWS; r++)
     #pragma unroll
-    for (int s = 0; s < STEPS; s++) ws[r][s] = kiln_load16_NAME(w + (row0 + r) * KDIM + (s * GROUP + lane) * 8);
+    for (int s = 0; s < STEPS; s++) ws[r][s] = kiln_read16MODE(w + (row0 + r) * KDIM + (s * GROUP + lane) * 8);
   #pragma unroll
   for (int r = 0; r < ROWS; r++) {
     float acc = 0;
@@ -67,29 +64,30 @@ extern "C" __global__ void __launch_bounds__(GROUP) NAME(float* out, const uint1
 }
 """
 
-FLOORS = r"""
+FLOOR = r"""
 // every 16 bytes of the weight read once, nothing written unless a sum is exactly 1e30 (never)
-extern "C" __global__ void __launch_bounds__(256) kiln_read(float* out, const uint16_t* w, long n16) {
+extern "C" __global__ void __launch_bounds__(256) kiln_readMODE(float* out, const uint16_t* w, long n16) {
   const long i = (long)blockIdx.x * 256 + threadIdx.x;
   if (i >= n16) return;
-  float v[8]; kiln_bf16x8(v, w + i * 8);
+  float v[8]; kiln_bf16x8MODE(v, w + i * 8);
   float s = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
   if (s == 1e30f) out[0] = s;
 }
 """
 
 
-def hand_source(name: str, rows: int, group: int, k: int, load: str) -> str:
+def hand_source(rows: int, group: int, k: int, mode: str) -> str:
     steps = k // (group * 8)
-    return (HAND.replace("NAME", name).replace("ROWS", str(rows)).replace("GROUP", str(group))
-            .replace("STEPS", str(steps)).replace("KDIM", str(k)).replace("LOAD", load))
+    return (HAND.replace("NAME", f"hand_r{rows}_g{group}{mode}").replace("ROWS", str(rows))
+            .replace("GROUP", str(group)).replace("STEPS", str(steps)).replace("KDIM", str(k))
+            .replace("MODE", mode))
 
 
-def module_source(load: str, rendered: list[str], hands: dict, k: int) -> str:
-    """The template's kernels, the hand-written ones and the floors, with the weight read by `load`."""
-    assert PLAIN_LOAD in PRELUDE
-    return (PRELUDE.replace(PLAIN_LOAD, load) + "\n".join(rendered) + FLOORS
-            + "".join(hand_source(name, r, g, k, load) for (r, g), name in hands.items()))
+def module_source(rendered: list[str], hands: list[tuple[int, int]], k: int) -> str:
+    """The template's kernels, then the floors and the hand-written kernels in both modes."""
+    return PRELUDE + "\n".join(rendered) + "".join(
+        FLOOR.replace("MODE", mode) + "".join(hand_source(r, g, k, mode) for r, g in hands)
+        for mode in MODES.values())
 
 
 def probe(backend, n: int, k: int, rng) -> list[dict]:
@@ -105,8 +103,8 @@ def probe(backend, n: int, k: int, rng) -> list[dict]:
     order = [b.name for b in (*kernel.outputs, *kernel.inputs)]
     offered = [c for c in config_space(kernel) if isinstance(c, CudaConfig)]
     width = offered[0].vector
-    grid = [CudaConfig(block, group, width, split=parts) for block in (32, 64, 128, 256)
-            for group in (32, 64, 128, 256) for parts in (1, 2)
+    grid = [CudaConfig(block, group, width, split=parts, stream=stream) for block in (32, 64, 128, 256)
+            for group in (32, 64, 128, 256) for parts in (1, 2) for stream in (False, True)
             if group <= block and (parts == 1 or splittable(kernel))]
     configs = list(dict.fromkeys(offered + grid))
     sources = {}
@@ -116,34 +114,32 @@ def probe(backend, n: int, k: int, rng) -> list[dict]:
         except ValueError as err:
             print(f"  {c.key()}: {err}")
     # at most 16 weight vectors a thread holds, so nothing spills
-    hands = {(rows, group): f"hand_r{rows}_g{group}" for rows in (1, 2, 4) for group in (32, 64, 128, 256)
-             if k % (group * 8) == 0 and n % rows == 0 and rows * k // (group * 8) <= 16}
+    hands = [(rows, group) for rows in (1, 2, 4) for group in (32, 64, 128, 256)
+             if k % (group * 8) == 0 and n % rows == 0 and rows * k // (group * 8) <= 16]
     rows_out = []
 
-    def timed(label, hint, launch, check=True):
+    def timed(label, read, launch, check=True):
         launch(0)
         error = float(np.abs(out.get() - want).max() / np.abs(want).max()) if check else 0.0
         seconds = graph_seconds(launch, rotations)
-        rows_out.append({"shape": [n, k], "kernel": label, "hint": hint, "s": seconds,
+        rows_out.append({"shape": [n, k], "kernel": label, "weight read": read, "s": seconds,
                          "bytes_per_s": n * k * 2 / seconds, "rel_err": error})
 
-    for hint, load in HINTS.items():
-        module = cp.RawModule(code=module_source(load, [s for _, s in sources.values()], hands, k),
-                              options=("--std=c++17",))
-        for config, (name, _) in sources.items():
-            launcher = backend.launcher(module.get_function(name), kernel, config)
-            timed(config.key() + ("" if config in offered else " (not offered)"), hint,
-                  lambda r, launcher=launcher: launcher(
-                      [out if b == kernel.outputs[0].name else weights[r] if b == weight_name else x
-                       for b in order] + [symbols], {}))
-        for (rows, group), name in hands.items():
-            fn = module.get_function(name)
-            timed(f"hand rows{rows} group{group}", hint,
-                  lambda r, fn=fn, rows=rows, group=group: fn((n // rows,), (group,), (out, weights[r], x)))
-        read = module.get_function("kiln_read")
-        n16 = n * k // 8
-        timed("floor: read the weight, write nothing", hint,
-              lambda r: read((-(-n16 // 256),), (256,), (out, weights[r], np.int64(n16))), check=False)
+    module = cp.RawModule(code=module_source([s for _, s in sources.values()], hands, k), options=("--std=c++17",))
+    for config, (name, _) in sources.items():
+        launcher = backend.launcher(module.get_function(name), kernel, config)
+        timed(config.key() + ("" if config in offered else " (not offered)"), "stream" if config.stream else "plain",
+              lambda r, launcher=launcher: launcher(
+                  [out if b == kernel.outputs[0].name else weights[r] if b == weight_name else x
+                   for b in order] + [symbols], {}))
+    for read, mode in MODES.items():
+        for rows, group in hands:
+            fn = module.get_function(f"hand_r{rows}_g{group}{mode}")
+            timed(f"hand rows{rows} group{group}", read,
+                  lambda r, fn=fn, rows=rows: fn((n // rows,), (group,), (out, weights[r], x)))
+        floor, n16 = module.get_function(f"kiln_read{mode}"), n * k // 8
+        timed("floor: read the weight, write nothing", read,
+              lambda r, floor=floor: floor((-(-n16 // 256),), (256,), (out, weights[r], np.int64(n16))), check=False)
     empty = cp.RawKernel('extern "C" __global__ void kiln_empty() {}', "kiln_empty")
     timed("floor: empty kernel", "", lambda r: empty((1,), (32,), ()), check=False)
     copy_from = [cp.ones(n * k // 4, cp.float32) for _ in weights]
@@ -164,7 +160,7 @@ def main():
         print(f"{k} -> {n}: copy of as many bytes {copy['s'] * 1e6:.2f} us")
         for r in sorted(shape, key=lambda r: r["s"]):
             flag = "" if r["rel_err"] < 1e-2 else f"  WRONG ({r['rel_err']:.2g})"
-            print(f"  {r['s'] * 1e6:7.2f} us {copy['s'] / r['s']:6.1%} of the copy  {r['kernel']:<44} {r['hint']}{flag}")
+            print(f"  {r['s'] * 1e6:7.2f} us {copy['s'] / r['s']:6.1%} of the copy  {r['kernel']:<44} {r['weight read']}{flag}")
         with open(os.path.join(os.environ.get("OUT", "."), "gemv-probe.json"), "w") as f:
             json.dump(rows, f, indent=1)
 

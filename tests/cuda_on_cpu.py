@@ -2,7 +2,7 @@
 g++ compiles the kernel's source against a small shim (a block's threads as std::threads, a
 block barrier and a barrier per warp for __syncthreads and the shuffles, blocks one after
 another, so that `__shared__` storage can be static), and `launch` runs a grid. Memory ordering,
-timing and anything the shim leaves out (f16's PTX, vector loads but bf16x8 and f32x8) are not covered: the
+timing and anything the shim leaves out (f16's PTX, vector loads but bf16x8 and f32x8, plain or streaming) are not covered: the
 GPU tests are."""
 from __future__ import annotations
 
@@ -62,6 +62,9 @@ static inline void kiln_bf16x8(float* v, const uint16_t* p) {
 static inline void kiln_f32x8(float* v, const float* p) {
   for (int i = 0; i < 8; i++) v[i] = p[i];
 }
+// a streaming read's hint (past L1, an L2 prefetch) changes no value
+static inline void kiln_bf16x8_stream(float* v, const uint16_t* p) { kiln_bf16x8(v, p); }
+static inline void kiln_f32x8_stream(float* v, const float* p) { kiln_f32x8(v, p); }
 static inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 template <typename T> static inline T __ldcg(const T* p) { T v; __atomic_load(p, &v, __ATOMIC_SEQ_CST); return v; }
 static inline float kiln_bf16_load(uint16_t h) { return __int_as_float(((unsigned)h) << 16); }
