@@ -197,7 +197,8 @@ def bench_search(models: tuple[str, ...], which: str, candidates: int, budget: s
 @_clean_errors
 def bench_compiled(artifact: str, spec: str, tokens: int, prompt_len: int, json_path: str | None) -> None:
     """Decode and prefill tokens/s of a compiled ARTIFACT beside PyTorch eager running MODEL, the
-    model it was compiled from (default: smollm2), in one run."""
+    model it was compiled from (default: smollm2), in one run: eager in the artifact's dtype, and
+    for a 16-bit artifact in float32 too."""
     from .bench.compiled import run_compiled_bench
     run_compiled_bench(artifact, spec, tokens, prompt_len, json_path)
 

@@ -2,6 +2,7 @@
 the same model and weights, in one run, with the search's own figures from the artifact."""
 from __future__ import annotations
 
+import copy
 import ctypes
 import os
 import platform
@@ -15,6 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..frontend import catalog, hf
+from ..ir import DType
+from ..ir.tensors import torch_dtype
 from ..ir.decode import decode_args, window_length
 from ..compiler.measure import MAX_REPEATS, TIMING_TARGET_S
 from ..compiler.progress import spent_text
@@ -34,9 +37,14 @@ def _median_time(fn, repeats: int) -> float:
 
 
 def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 0) -> dict:
+    """Kiln beside eager on the same model in the artifact's dtype, and, for a 16-bit artifact,
+    beside eager in float32 too (on a CPU without 16-bit arithmetic, the eager a user would run)."""
     compiled = CompiledModel.load(artifact)
-    model = catalog.load(spec).model.eval()
     info = compiled.info
+    dtype = DType(info["cache_dtype"])
+    # the loader keeps one float32 model a process: converted, a copy
+    f32 = catalog.load(spec).model.eval()
+    model = f32 if dtype is DType.F32 else copy.deepcopy(f32).to(torch_dtype(dtype))
     cache = hf.cache_spec(model, info["max_seq"])
     if list(cache.shape) != info["cache_shape"] or cache.layers != info["layers"]:
         raise ValueError(f"{artifact} was not compiled from {spec} (its cache layout differs)")
@@ -66,22 +74,18 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
 
     # eager's prefill computes the logits Kiln's program does (the last position's, by default)
     last_only = info.get("prefill_logits", "all") == "last"
-    prefill_step = hf.PrefillStep(model, cache, last_only).eval()
-    decode_step = hf.DecodeStep(model, cache).eval()
-    with torch.no_grad():
-        ids = torch.from_numpy(prompt)
-        eager_prefill = _median_time(lambda: prefill_step(ids), 3)
-        _, *torch_caches = prefill_step(ids)
-        eager_decode, rel = [], 0.0
-        for k, (token, mine) in enumerate(zip(steps, kiln_logits)):
-            start = time.perf_counter()
-            logits, *torch_caches = decode_step(torch.tensor([[int(token)]]), torch.tensor(prompt_len + k),
-                                                hf.torch_window(window_length(prompt_len + k)), torch_caches)
-            eager_decode.append(time.perf_counter() - start)
-            ref = logits.float().numpy()
-            rel = max(rel, float(np.abs(mine - ref).max() / np.abs(ref).max()))
-    graphs = compiled.report.get("graphs", {})
+    eager_prefill, eager_decode, eager_logits = _eager(model, cache, last_only, prompt, steps, prompt_len)
     warm = slice(2, None)
+    in_f32 = {}
+    if dtype is not DType.F32:
+        # how far 16-bit rounding alone moves the logits: eager's own, and Kiln's, from float32's
+        prefill_f32, decode_f32, f32_logits = _eager(f32, hf.cache_spec(f32, info["max_seq"]), last_only, prompt,
+                                                     steps, prompt_len)
+        in_f32 = {"eager_f32_decode_tokens_per_s": 1 / statistics.median(decode_f32[warm]),
+                  "eager_f32_prefill_tokens_per_s": prompt_len / prefill_f32,
+                  "decode_max_rel_error_vs_eager_f32": _max_rel(kiln_logits, f32_logits),
+                  "eager_decode_max_rel_error_vs_eager_f32": _max_rel(eager_logits, f32_logits)}
+    graphs = compiled.report.get("graphs", {})
     decode_s = statistics.median(kiln_decode[warm])
     return {
         "model": spec, "artifact": artifact, "max_seq": info["max_seq"], "prompt_tokens": prompt_len,
@@ -91,8 +95,9 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
         "eager_decode_tokens_per_s": 1 / statistics.median(eager_decode[warm]),
         "kiln_prefill_tokens_per_s": prompt_len / kiln_prefill,
         "eager_prefill_tokens_per_s": prompt_len / eager_prefill,
+        "dtype": str(model.dtype).removeprefix("torch."), **in_f32,
         "prefill_logits": info.get("prefill_logits", "all"),     # the positions both prefills compute
-        "decode_max_rel_error_vs_eager": rel,
+        "decode_max_rel_error_vs_eager": _max_rel(kiln_logits, eager_logits),
         "load_average_1min_before_and_after": [load_before, os.getloadavg()[0]],
         "search": {name: {"seconds": g["seconds"], "kernels": g["kernels"],
                           "kernel_timings": g["kernels_measured"],
@@ -103,6 +108,30 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
                                       for r in g["regions"]]}
                    for name, g in graphs.items()},
     }
+
+
+def _eager(model, cache, last_only: bool, prompt, steps, prompt_len: int):
+    """Eager's prefill seconds (a median of 3), and its decode steps' seconds and logits (as f32)
+    over the given tokens."""
+    prefill_step = hf.PrefillStep(model, cache, last_only).eval()
+    decode_step = hf.DecodeStep(model, cache).eval()
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        prefill_s = _median_time(lambda: prefill_step(ids), 3)
+        _, *torch_caches = prefill_step(ids)
+        decode, outputs = [], []
+        for k, token in enumerate(steps):
+            start = time.perf_counter()
+            logits, *torch_caches = decode_step(torch.tensor([[int(token)]]), torch.tensor(prompt_len + k),
+                                                hf.torch_window(window_length(prompt_len + k)), torch_caches)
+            decode.append(time.perf_counter() - start)
+            outputs.append(logits.float().numpy())
+    return prefill_s, decode, outputs
+
+
+def _max_rel(got: list, want: list) -> float:
+    """The largest error of a step's logits relative to the largest of the reference's, over the steps."""
+    return max(float(np.abs(g - w).max() / np.abs(w).max()) for g, w in zip(got, want))
 
 
 def kernel_times(graph: CompiledGraph, args: list) -> tuple[float, list]:
@@ -177,16 +206,23 @@ def run_compiled_bench(artifact: str, spec: str, tokens: int, prompt_len: int,
                   "steps timed (medians, after 2 warm-up steps)")
     with console.status(f"measuring {artifact} against {spec} in eager ..."):
         r = measure(artifact, spec, tokens, prompt_len)
-    table = Table(title=f"kiln bench compiled: {spec} on the CPU")
+    table = Table(title=f"kiln bench compiled: {spec} in {r['dtype']} on the CPU")
     for col in ("system", "decode tok/s", "prefill tok/s", "decode vs eager"):
         table.add_column(col, justify="right")
-    table.add_row("PyTorch eager", f"{r['eager_decode_tokens_per_s']:.1f}",
+    table.add_row(f"PyTorch eager, {r['dtype']}", f"{r['eager_decode_tokens_per_s']:.1f}",
                   f"{r['eager_prefill_tokens_per_s']:.1f}", "1.00x")
+    if "eager_f32_decode_tokens_per_s" in r:
+        table.add_row("PyTorch eager, float32", f"{r['eager_f32_decode_tokens_per_s']:.1f}",
+                      f"{r['eager_f32_prefill_tokens_per_s']:.1f}",
+                      f"{r['eager_f32_decode_tokens_per_s'] / r['eager_decode_tokens_per_s']:.2f}x")
     table.add_row("Kiln (cpu)", f"{r['kiln_decode_tokens_per_s']:.1f}", f"{r['kiln_prefill_tokens_per_s']:.1f}",
                   f"{r['kiln_decode_tokens_per_s'] / r['eager_decode_tokens_per_s']:.2f}x")
     console.print(table)
-    console.print(f"decode logits max relative error vs eager: {r['decode_max_rel_error_vs_eager']:.1e}; "
-                  "load average (1 min) before and after: "
+    console.print(f"decode logits max relative error vs eager in {r['dtype']}: {r['decode_max_rel_error_vs_eager']:.1e}"
+                  + (f" (vs eager in float32 {r['decode_max_rel_error_vs_eager_f32']:.1e}, eager in {r['dtype']} vs "
+                     f"float32 {r['eager_decode_max_rel_error_vs_eager_f32']:.1e})" if "eager_f32_decode_tokens_per_s" in r
+                     else "")
+                  + "; load average (1 min) before and after: "
                   + ", ".join(f"{x:.2f}" for x in r["load_average_1min_before_and_after"]))
     in_step = r.get("kiln_decode_kernel_sum_in_step_s")
     console.print(f"Kiln decode step {r['kiln_decode_step_s'] * 1e3:.2f} ms end to end; the middle step's "
