@@ -180,7 +180,7 @@ def store_code(value: str, dtype: DType) -> str:
 class _Body:
     """Statements per loop level; level 0 is before the loops, level k inside loop k."""
 
-    def __init__(self, loops, config: KernelConfig, values: tuple[Scalar, ...] = ()):
+    def __init__(self, loops, config: KernelConfig, values: tuple[Scalar, ...] = (), symbols=()):
         self.config = config
         self.level = {v: k + 1 for k, (v, _) in enumerate(loops)}
         self.blocks: dict[int, list[str]] = {k: [] for k in range(len(loops) + 1)}
@@ -188,6 +188,7 @@ class _Body:
         self.vars_memo: dict = {}
         self.count = 0
         self.reductions, self.binds = _reductions_and_binds(values)
+        self.symbols = set(symbols)            # the kernel's (a prompt's length): open at every level
         self.active: set[Reduce] = set()       # reductions whose loops are being emitted
         self.rows: dict[Scalar, int] = {}      # rows to stage (kernel.staged_rows) -> their lengths
         self.staged: dict[Scalar, str] = {}    # a staged row (alpha_canonical) -> its array
@@ -247,6 +248,10 @@ class _Body:
             self.blocks[level].append(f"const int64_t {s.var} = (int64_t)({value});")
             self.level[s.var] = level
 
+    def _unopened(self, names, bindable=()) -> bool:
+        """Whether `names` hold a variable of a loop not open here (nor one in `bindable`)."""
+        return any(n not in self.level and n not in bindable and n not in self.symbols for n in names)
+
     def siblings(self, s: Reduce) -> list[Reduce]:
         """`s` and the reductions not yet emitted that can share its loop: the same extent, at the
         same level, none inside another. Renamed to s's variable, the subexpressions their bodies
@@ -259,8 +264,8 @@ class _Body:
                 continue
             names = free_vars(r, self.vars_memo)
             pending = [self.binds[n] for n in names if n in self.binds and n not in self.level]
-            if any(n not in self.level and n not in self.binds for n in names) or any(
-                    free_vars(b.value, self.vars_memo) - self.level.keys() for b in pending):
+            if self._unopened(names, self.binds) or any(self._unopened(free_vars(b.value, self.vars_memo))
+                                                        for b in pending):
                 continue            # it reads a variable of a loop not open here (another copy's)
             if any(_inside(b.value, x) for b in pending for x in self.reductions):
                 continue

@@ -223,7 +223,7 @@ class _CBody(_Body):
 def emit_c(kernel: Kernel, config: KernelConfig, name: str) -> str:
     """One C function `void name(out, in..., const int64_t* sym)` for the kernel."""
     loops = ordered_loops(kernel, config)
-    body = _CBody(loops, config, tuple(w.value for w in kernel.writes))
+    body = _CBody(loops, config, tuple(w.value for w in kernel.writes), kernel.symbols)
     body.rows = staged_rows(kernel)
     n = len(loops)
     for write in kernel.writes:

@@ -333,7 +333,8 @@ class _CudaBody(_Body):
     def __init__(self, kernel: Kernel, config: CudaConfig):
         # levels: 0 before the points' loop, 1 a point's; by rows 1 a row's, 2 a point's
         levels = [("kiln_row", Expr.of(1))] if config.row else []
-        super().__init__(levels + [("kiln_point", Expr.of(1))], config, tuple(w.value for w in kernel.writes))
+        super().__init__(levels + [("kiln_point", Expr.of(1))], config, tuple(w.value for w in kernel.writes),
+                         kernel.symbols)
         self.level.update({v: 1 for v, _ in kernel.loops})
         self.point_vars = {v for v, _ in kernel.loops}
         if config.row:
