@@ -127,8 +127,8 @@ fi
 if [[ $steps == *gemm* ]]; then    # the tensor-core template's tilings beside cuBLAS, prefill's products
   timeout "${GEMM_TIMEOUT:-240}" python3 scripts/gemm_table.py 2>&1 | grep -v Warning | tee "$out/gemm.log" | tail -60
 fi
-if [[ $steps == *gemv* ]]; then    # the per-kernel GEMV table: every template configuration, cuBLAS, copy
-  timeout "${GEMV_TIMEOUT:-300}" python3 scripts/gemv_table.py 2>&1 | grep -v Warning | tee "$out/gemv.log" | tail -30
+if [[ $steps == *gemv* ]]; then    # the per-kernel GEMV table: every template configuration, cuBLAS, copy (GEMV_SHAPES: N K pairs)
+  timeout "${GEMV_TIMEOUT:-300}" python3 scripts/gemv_table.py ${GEMV_SHAPES:-} 2>&1 | grep -v Warning | tee "$out/gemv.log" | tail -30
 fi
 if [[ $steps == *probe* ]]; then   # what a small GEMV's time is made of (PROBE_SHAPES: N K pairs)
   timeout "${PROBE_TIMEOUT:-200}" python3 scripts/gemv_probe.py ${PROBE_SHAPES:-512 2048} \
