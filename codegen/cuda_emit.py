@@ -14,8 +14,9 @@ from ..ir.symbolic import Expr, sym
 from .c_emit import (COMPUTE, SHARED_HELPERS, STORAGE, _Body, _inside, index_code, reduction_accumulator,
                      store_code)
 from .index import stride, substitute
-from .kernel import (Kernel, Load, Reduce, Scalar, free_vars, renamed, row_reductions, split_reductions,
-                     staged_rows)
+from .kernel import (Kernel, Load, Reduce, Scalar, Write, free_vars, renamed, row_reductions,
+                     split_reductions, staged_rows)
+from .pairs import pairable, paired
 
 PRELUDE = r"""
 #ifdef __CUDACC_RTC__
@@ -129,7 +130,9 @@ class CudaConfig:
     of per point: the reductions the row's points share (kernel.row_reductions: softmax's max and
     sum, a norm's sum of squares) are computed once by the group, then its threads take the row's
     points. `stream`: the vectors of a row each point reads alone (a GEMV's weight row) are read past
-    L1 with an L2 prefetch; those every point reads (x) still through L1."""
+    L1 with an L2 prefetch; those every point reads (x) still through L1. `pair`: a group takes a
+    point and its partner (codegen/pairs.py: rotary's d and d ± depth/2), the two sums both read
+    once, not each point both."""
     block: int = 256
     group: int = 1
     vector: int = 1
@@ -138,6 +141,7 @@ class CudaConfig:
     split: int = 1
     row: bool = False
     stream: bool = False
+    pair: bool = False
 
     @property
     def points_per_block(self) -> int:
@@ -146,17 +150,18 @@ class CudaConfig:
     def key(self) -> str:
         return (f"block{self.block}-group{self.group}-vector{self.vector}" + ("-across" if self.across else "")
                 + ("-stage" if self.stage else "") + (f"-split{self.split}" if self.split > 1 else "")
-                + ("-row" if self.row else "") + ("-stream" if self.stream else ""))
+                + ("-row" if self.row else "") + ("-stream" if self.stream else "") + ("-pair" if self.pair else ""))
 
     def to_json(self) -> dict:
         return {"block": self.block, "group": self.group, "vector": self.vector, "across": self.across,
-                "stage": self.stage, "split": self.split, "row": self.row, "stream": self.stream}
+                "stage": self.stage, "split": self.split, "row": self.row, "stream": self.stream, "pair": self.pair}
 
     @staticmethod
     def from_json(data: dict) -> CudaConfig:
         return CudaConfig(int(data["block"]), int(data["group"]), int(data["vector"]),
                           bool(data.get("across", False)), bool(data.get("stage", False)),
-                          int(data.get("split", 1)), bool(data.get("row", False)), bool(data.get("stream", False)))
+                          int(data.get("split", 1)), bool(data.get("row", False)), bool(data.get("stream", False)),
+                          bool(data.get("pair", False)))
 
 
 
@@ -292,6 +297,10 @@ def _point_space(kernel: Kernel) -> list[CudaConfig]:
         # third, the second form (a row a block of 128: the usual winner of a GEMV) streaming the
         # long rows its points read once, within a search candidate's first four
         space.insert(2, replace(space[1], stream=True))
+    if pairable(kernel):
+        # each form taking a point and its partner first (it reads the weights half as often),
+        # the forms computing both sums at every point after them
+        space = [replace(c, pair=True) for c in space if c.split == 1 and not c.across] + space
     return list(dict.fromkeys(space))
 
 
@@ -330,18 +339,22 @@ def _aligned(index: Expr, var: str, width: int) -> bool:
 
 
 class _CudaBody(_Body):
-    def __init__(self, kernel: Kernel, config: CudaConfig):
+    def __init__(self, kernel: Kernel, config: CudaConfig, writes: tuple[Write, ...]):
         # levels: 0 before the points' loop, 1 a point's; by rows 1 a row's, 2 a point's
         levels = [("kiln_row", Expr.of(1))] if config.row else []
-        super().__init__(levels + [("kiln_point", Expr.of(1))], config, tuple(w.value for w in kernel.writes),
-                         kernel.symbols)
+        values = tuple(w.value for w in writes)
+        super().__init__(levels + [("kiln_point", Expr.of(1))], config, values, kernel.symbols)
         self.level.update({v: 1 for v, _ in kernel.loops})
-        self.point_vars = {v for v, _ in kernel.loops}
+        # a point's variables, and the indices bound from them alone (rotary's partner, a pair's
+        # second point): a load they index reads a row of its own at each point
+        loop_vars = {v for v, _ in kernel.loops}
+        self.point_vars = loop_vars | {name for name, b in self.binds.items()
+                                       if free_vars(b.value, self.vars_memo) <= loop_vars}
         if config.row:
             self.level[kernel.loops[-1][0]] = 2
             self.cooperative = set(row_reductions(kernel) or ())
         else:
-            self.cooperative = (set(point_reductions(kernel))
+            self.cooperative = (set(split_reductions(*values)[0])
                                 if config.group > 1 or config.vector > 1 or config.split > 1 else set())
         self.vectors: dict[Load, tuple[str, int]] = {}   # a load read as one lane of a vector
         self.shared: list[str] = []
@@ -553,10 +566,14 @@ def emit_cuda(kernel: Kernel, config: CudaConfig, name: str) -> str:
         raise ValueError("a group is a power of two up to a warp, or whole warps dividing the block")
     if config.row and (config.split > 1 or config.stage or config.across or not row_reductions(kernel)):
         raise ValueError(f"config {config.key()} needs a kernel with reductions per row")
-    body = _CudaBody(kernel, config)
+    if config.pair and (config.split > 1 or config.row or config.across or not pairable(kernel)):
+        raise ValueError(f"config {config.key()} needs a kernel whose points read a sum at a partner "
+                         "point, and neither a split nor rows nor groups across the points")
+    kernel, writes = paired(kernel) if config.pair else (kernel, kernel.writes)
+    body = _CudaBody(kernel, config, writes)
     point_level = 2 if config.row else 1
     guard = "if (kiln_slot < kiln_rows) " if config.row else "if (kiln_lane == 0 && kiln_slot < kiln_points) "
-    for write in kernel.writes:
+    for write in writes:
         value, _ = body.emit(write.value)
         body.blocks[point_level].append(f"{guard}{write.output.name}[{index_code(write.store)}] = "
                                         f"{store_code(value, write.output.dtype)};")

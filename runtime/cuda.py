@@ -282,7 +282,8 @@ class CudaBackend:
         # a row configuration's groups take rows (every loop but the last), any other's points
         extents = [e for _, e in (kernel.loops[:-1] if config.row else kernel.loops)]
         fixed = all(e.is_const for e in extents)
-        parts, per_thread = config.split, points_per_thread(kernel, config)
+        # a pair configuration's group takes two points (codegen/pairs.py)
+        parts, per_thread = config.split, points_per_thread(kernel, config) * (2 if config.pair else 1)
 
         # a staged configuration's blocks each fill their rows first: no more of them than the
         # GPU holds at once, each taking its share of the points, so the rows are computed once

@@ -5,7 +5,7 @@
 # while the machine stays warm), so a second call re-measures nothing.
 # The CUDA tests read tiny models this machine's torch cannot export from lowered/<tag>
 # (`python scripts/lower_test_cases.py`; carry lowered/heads64_bf16 and lowered/heads64_f32 at least).
-#   STEPS="tests debug compile rate timing nvrtc bench gemm gemv probe attention ncu long moe smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
+#   STEPS="tests debug compile rate timing nvrtc bench gemm gemv pairs probe attention ncu long moe smollm2 cli" (default tests debug bench); TESTS (a regex: which GPU
 #   tests), TESTS_TIMEOUT (all of them, one process), NCU_TABLE (attention, or gemm: one tensor-core GEMM launch),
 #   DEBUG_TIMEOUT, BENCH_TIMEOUT, LONG_TIMEOUT, CLI_TIMEOUT in seconds; COMPILE_WORKERS (the
 #   compile step's --workers, its default where unset). `long` times decode as the
@@ -129,6 +129,9 @@ if [[ $steps == *gemm* ]]; then    # the tensor-core template's tilings beside c
 fi
 if [[ $steps == *gemv* ]]; then    # the per-kernel GEMV table: every template configuration, cuBLAS, copy (GEMV_SHAPES: N K pairs)
   timeout "${GEMV_TIMEOUT:-300}" python3 scripts/gemv_table.py ${GEMV_SHAPES:-} 2>&1 | grep -v Warning | tee "$out/gemv.log" | tail -30
+fi
+if [[ $steps == *pairs* ]]; then   # the rotary projections' pair forms beside the unpaired ones (scripts/pair_table.py)
+  timeout "${PAIRS_TIMEOUT:-200}" python3 scripts/pair_table.py 2>&1 | grep -v Warning | tee "$out/pairs.log" | tail -30
 fi
 if [[ $steps == *probe* ]]; then   # what a small GEMV's time is made of (PROBE_SHAPES: N K pairs)
   timeout "${PROBE_TIMEOUT:-200}" python3 scripts/gemv_probe.py ${PROBE_SHAPES:-512 2048} \

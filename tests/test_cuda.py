@@ -274,8 +274,9 @@ def test_a_process_gives_back_its_pool_only_when_the_device_runs_short(monkeypat
     """runtime/cuda.py: trim. Eight workers' CuPy pools, each keeping a prefill candidate's freed
     intermediates, filled an H200; a process now gives its pool's free blocks back before a
     candidate when less than _TRIM_BELOW of the device is free, and keeps them otherwise (the next
-    candidate reuses them). Free blocks only: tests before this one in the process may still hold
-    arrays of the pool, which no trim gives back."""
+    candidate reuses them). Whole free chunks only: tests before this one in the process may still
+    hold arrays of the pool, and the free pieces of a chunk they share stay (16,896 bytes on an
+    H100), so the test asks for the 64 MiB block back, not for an empty pool."""
     from kiln.runtime.cuda import CudaBackend
     backend = CudaBackend()
     pool = backend.cp.get_default_memory_pool()
@@ -285,9 +286,10 @@ def test_a_process_gives_back_its_pool_only_when_the_device_runs_short(monkeypat
     monkeypatch.setattr("kiln.runtime.cuda._TRIM_BELOW", 0.0)       # never short
     backend.trim()
     assert pool.free_bytes() == kept >= 64 << 20
+    held = pool.total_bytes()
     monkeypatch.setattr("kiln.runtime.cuda._TRIM_BELOW", 1.01)      # always short
     backend.trim()
-    assert pool.free_bytes() == 0
+    assert pool.total_bytes() <= held - (64 << 20) and pool.free_bytes() < 64 << 20
 
 
 @needs_gpu
