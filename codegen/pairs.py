@@ -9,7 +9,8 @@ reading them twice, where the 2048 -> 2048 GEMV alone streams them in about 4.6)
 `paired` rewrites such a kernel's writes for that: the last loop runs over the first half (the
 representatives), and each write gains a copy for the partner point, whose two sums are the
 representative's two, swapped. The C emitter reaches the same end its own way (c_kernel's
-partner rows)."""
+partner rows). Only a partner index a bind computes is found (rotate_half's, as models lower it);
+one written into the loads' indices (a flip) is not."""
 from __future__ import annotations
 
 from dataclasses import replace

@@ -19,6 +19,8 @@ from kiln.ir.compare import mismatch, tolerance
 from kiln.ir.decode import CACHES_START, decode_args
 from tests.test_cuda import tiny_case
 
+torch = pytest.importorskip("torch")
+
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed here")
 
 
@@ -118,3 +120,50 @@ def test_paired_rotary_projections_run_on_the_cpu_as_unpaired_ones_do(decode_cas
             problem = mismatch(got.reshape(np.shape(want)), np.asarray(want, np.float32),
                                tolerance([np.dtype(kernel.output.dtype.np)]))
             assert not problem, problem
+
+
+class _Rotated(torch.nn.Module):
+    """A projection plus its rows moved: rotate_half's way (the halves swapped, one negated: an
+    involution pairing them) or rolled by one (not an involution)."""
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.w, self.c, self.s = (torch.nn.Parameter(torch.randn(*shape)) for shape in ((64, 32), (64,), (64,)))
+
+    def forward(self, x):
+        y = x @ self.w.T
+        moved = torch.roll(y, 1, -1) if self.how == "roll" else torch.cat([-y[..., 32:], y[..., :32]], -1)
+        return y * self.c + moved * self.s
+
+
+def _rotated_kernel(how: str):
+    from kiln.frontend.lower import lower
+    graph = lower(_Rotated(how), (torch.randn(1, 32),))
+    program = schedule(graph, POLICIES["inline64-bcast16-epilogue-merge"])
+    (kernel,) = program.kernels
+    return graph, program, kernel
+
+
+def test_rows_rolled_by_one_do_not_pair():
+    """A point reading the sum of the row before its own reads a partner, but the partner of
+    that partner is not the point: there is no pair to take."""
+    _, _, kernel = _rotated_kernel("roll")
+    assert not pairable(kernel)
+    assert not any(c.pair for c in config_space(kernel))
+
+
+@needs_gxx
+def test_a_rotate_half_of_a_small_projection_runs_paired_on_the_cpu_as_the_interpreter_does(tmp_path):
+    """Every pair form of the kernel, on the CPU shim, against the interpreter's output."""
+    graph, program, kernel = _rotated_kernel("half")
+    assert pairable(kernel)
+    x = np.random.default_rng(5).standard_normal((1, 32)).astype(np.float32)
+    feeds = {graph.inputs[0]: x, **{n: graph.weights[n.attrs["name"]] for n in graph.weight_nodes()}}
+    (want,) = evaluate(graph.outputs, feeds, {})
+    values = evaluate([program.nodes[b.name] for b in kernel.inputs], feeds, {})
+    arrays = [np.ascontiguousarray(v, np.float32).reshape(-1) for v in values]
+    for config in (c for c in config_space(kernel) if c.pair):
+        out = np.full(64, np.nan, np.float32)
+        _run_on_cpu(kernel, config, arrays, [out], np.zeros(1, np.int64), tmp_path, f"half{config.key().replace('-', '_')}")
+        problem = mismatch(out.reshape(np.shape(want)), np.asarray(want, np.float32), tolerance([np.dtype(np.float32)]))
+        assert not problem, (config.key(), problem)
