@@ -25,7 +25,7 @@ from ..search import extract
 from ..search.provenance import rules_used
 from ..search.saturate import Limits, StageReport, saturate
 from ..search.tunedb import TuneDB
-from ..search.tuner import ORIGINAL, REMEMBERED, Progress, RegionTuner
+from ..search.tuner import ORIGINAL, REMEMBERED, Finalist, Progress, RegionTuner
 from .measure import Measurer, Region
 from .worker import IsolatedEvaluate
 
@@ -60,6 +60,7 @@ class RegionReport:
     budget_s: float = 0.0         # its share of the budget, by the measured time of its program as lowered
     lowered_end_to_end_s: float | None = None   # the program as lowered, timed as the winner ...
     lowered_variant: str = ""                   # ... under the search's first policy, this one
+    finalists: list[Finalist] = field(default_factory=list)   # timed whole, fastest first
 
 
 @dataclass
@@ -242,7 +243,7 @@ class _RegionSearch:
             winner.progress, winner.key,
             winner.variant, winner.estimate_s, winner.end_to_end_s, saturate_s,
             time.monotonic() - t0 - saturate_s, self.measurer.kernel_report(program, configs), rules_needed,
-            undecided, budget_s, winner.lowered_end_to_end_s, self.tuner.variants[0]))
+            undecided, budget_s, winner.lowered_end_to_end_s, self.tuner.variants[0], winner.finalists))
 
 
 def _program_json(outputs: list[Node]) -> dict:

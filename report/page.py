@@ -338,10 +338,24 @@ def _region(r: dict, copy_bytes_per_s: float | None) -> str:
            f"{escape(r['variant'])}</code>: estimate {_s(r['estimate_s'])}, end to end "
            f"{_s(r['end_to_end_s'])}; {r['count']} repeat(s), {r['nodes']} IR nodes. Region key "
            f"<code>{escape(r['key'])}</code>.</p>",
-           _gap(r["estimate_s"], r["end_to_end_s"]),
+           _gap(r["estimate_s"], r["end_to_end_s"]), _finalists(r),
            _kernels(r.get("kernels", []), copy_bytes_per_s, r["estimate_s"]), _stages(r), _rules(r),
            "</section>"]
     return "\n".join(out)
+
+
+def _finalists(r: dict) -> str:
+    """The finalists timed whole, fastest first, with each pass: those the timing could not tell
+    from the fastest are marked tied, and the fewest kernels among them won."""
+    finalists = r.get("finalists") or []
+    if not finalists:
+        return ""
+    rows = [[Raw(f"<code>{escape(f['key'])}</code>" + (" <b>(winner)</b>" if f["key"] == r["winner"] else "")),
+             f["kernels"] if f["kernels"] is not None else "-", _s(f["end_to_end_s"]),
+             ", ".join(_s(p) for p in f["passes"]) or "from the database", "tied" if f["tied"] else "-"]
+            for f in finalists]
+    return ("<h4>Finalists, timed whole</h4>"
+            + _table(["finalist", "kernels", "end to end (median pass)", "passes", "tied with the fastest"], rows))
 
 
 def _gap(estimate_s: float | None, end_to_end_s: float | None) -> str:

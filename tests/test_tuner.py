@@ -199,6 +199,38 @@ def test_a_program_of_fewer_kernels_within_the_timings_noise_of_the_fastest_wins
     assert winner.variant == wins
 
 
+@pytest.mark.parametrize("fewer_passes, wins", [
+    ((2.2e-6, 1.9e-6, 2.2e-6), "b"),     # 10% slower by its median pass, its best pass faster: noise
+    ((2.2e-6, 2.2e-6, 2.2e-6), "a"),     # 10% slower in every pass: slower
+    ((2.2e-6, 2.0e-6, 2.3e-6), "b"),     # its best pass as fast as the other's worst: they overlap
+    ((2.6e-6, 1.9e-6, 2.6e-6), "a"),     # faster once, but 30% slower by its median: beyond TIE_NOISY
+])
+def test_a_program_of_fewer_kernels_wins_where_its_passes_overlap_the_fastests(tmp_path, fewer_passes, wins):
+    """Policy a makes 27 kernels and runs 2 us whole in each pass; b makes 4 and its passes are
+    `fewer_passes` (a loaded 2-core VM's spread). The report lists every finalist with its passes
+    and whether it tied."""
+    program = [long_sum(6)]
+    saturated = saturate(program, with_associativity(), Limits(max_enodes=4_000))
+    policies = {"a": (1.00e-6, 27), "b": (1.05e-6, 4)}
+    calls: dict[tuple, int] = {}
+
+    def end_to_end(outputs, variant):
+        n = calls[id(outputs[0]), variant] = calls.get((id(outputs[0]), variant), -1) + 1
+        return 2e-6 if variant == "a" else fewer_passes[n]
+
+    with TuneDB(tmp_path / "tune.sqlite") as db:
+        tuner = RegionTuner("r", "layer", program, saturated, list(policies),
+                            lambda outputs, variant: Outcome.measured(*policies[variant]),
+                            end_to_end=end_to_end, db=db, compile_id="c1", seed=0)
+        tuner.measure_lowered(Deadline(60))
+        winner = tuner.run(Deadline(60), max_candidates=12)
+    assert winner.variant == wins
+    by_policy = {f.key.rsplit("/", 1)[1]: f for f in winner.finalists}
+    assert by_policy["b"].passes == list(fewer_passes) and by_policy["b"].kernels == 4
+    assert by_policy["b"].tied == (wins == "b") and by_policy["a"].tied
+    assert [f.end_to_end_s for f in winner.finalists] == sorted(f.end_to_end_s for f in winner.finalists)
+
+
 def test_the_search_time_that_candidates_a_minute_divide_by_leaves_out_the_finalists(tmp_path):
     """Finalists are timed whole after the search, 0.2 s each here: the search's own time (which
     the report's candidates a minute divide by) ends before them, the run's time after."""
