@@ -43,14 +43,15 @@ TIMING_PASSES = 3              # ... each this many times, the finalists in turn
 # SmolLM2's decode layer estimated within 1% of each other timed 375-414 us whole in one compile
 # on the 2-core VM, its 4-kernel program and a 27-kernel one 365.7 and 365.9
 TIE_CLOSE = 0.03
-# ... and so are finalists up to this much slower by their median pass whose best pass beat the
-# fastest's median: the passes do not keep them in order. On the 2-core VM the same SmolLM2 decode
-# artifact benched 57.7 and 82.5 tok/s minutes apart, the one-kernel vocabulary head's finalists
-# (one program under several policies) timed 1.9-4.1 ms a pass in one compile, and its layers of 4
-# to 26 kernels, all moving the same bytes, 362-565 us a pass: medians 366-426 us, the order drawn
-# by the machine's load. A card's replays (a few tenths of a percent apart pass to pass) keep a
-# program 3% slower above the fastest in every pass, so there TIE_CLOSE alone ties; the fastest's
-# median, not its worst pass, so that one slow pass of its own ties nothing
+# ... and so are finalists up to this much slower by their median pass that were as fast as the
+# fastest in one of the passes they shared (the i-th pass of each): the passes do not keep them in
+# order. On the 2-core VM the same SmolLM2 decode artifact benched 57.7 and 82.5 tok/s minutes
+# apart, and in one compile layers of 4 to 26 kernels moving the same bytes timed 362-565 us a
+# pass, medians 366-426 us; the load comes in spells that slow whichever finalists are timed
+# during them (in another compile the two fastest ran 65% slower in their first pass than in their
+# next two), and a finalist is compared with the fastest pass by pass, not pooled. A
+# card's replays (a few tenths of a percent apart pass to pass, each pass the median of ten) keep
+# a program 3% slower behind in every pass, so there TIE_CLOSE alone ties
 TIE_NOISY = 0.2
 BATCH = 8                      # candidates drawn per round
 
@@ -346,7 +347,10 @@ class RegionTuner:
 
 def _tied(seconds: dict[str, float], passes: dict[str, list[float]]) -> set[str]:
     """The finalists the timing cannot tell from the fastest (by its median pass): within
-    TIE_CLOSE of it, or within TIE_NOISY with a pass of theirs at or below its median."""
-    fastest = min(seconds.values())
-    return {key for key, s in seconds.items() if s <= fastest * (1 + TIE_CLOSE)
-            or (s <= fastest * (1 + TIE_NOISY) and min(passes.get(key, [s])) <= fastest)}
+    TIE_CLOSE of it, or within TIE_NOISY and as fast as it in a pass they shared."""
+    fastest = min(seconds, key=seconds.get)
+
+    def as_fast_once(key: str) -> bool:
+        return any(mine <= theirs for mine, theirs in zip(passes.get(key, []), passes.get(fastest, [])))
+    return {key for key, s in seconds.items() if s <= seconds[fastest] * (1 + TIE_CLOSE)
+            or (s <= seconds[fastest] * (1 + TIE_NOISY) and as_fast_once(key))}

@@ -203,13 +203,14 @@ STEADY = (2.0e-6, 2.0e-6, 2.0e-6)
 
 
 @pytest.mark.parametrize("many_passes, fewer_passes, wins", [
-    (STEADY, (2.2e-6, 1.9e-6, 2.2e-6), "b"),     # 10% slower by its median, a pass of it faster: noise
+    (STEADY, (2.2e-6, 1.9e-6, 2.2e-6), "b"),     # 10% slower by its median, faster in a pass: noise
     (STEADY, (2.2e-6, 2.2e-6, 2.2e-6), "a"),     # 10% slower in every pass: slower
-    (STEADY, (2.2e-6, 2.0e-6, 2.3e-6), "b"),     # a pass of it as fast as the other's median
+    (STEADY, (2.2e-6, 2.0e-6, 2.3e-6), "b"),     # as fast in a pass
     (STEADY, (2.6e-6, 1.9e-6, 2.6e-6), "a"),     # faster once, but 30% slower by its median: beyond TIE_NOISY
-    ((2.0e-6, 2.0e-6, 2.6e-6), (2.2e-6, 2.2e-6, 2.2e-6), "a"),   # one slow pass of the fastest ties nothing
+    # a slow spell in the first pass slows both: b, 10% slower pass by pass, stays slower
+    ((2.6e-6, 2.0e-6, 2.0e-6), (2.9e-6, 2.2e-6, 2.2e-6), "a"),
 ])
-def test_a_program_of_fewer_kernels_wins_where_a_pass_of_its_reaches_the_fastests_median(
+def test_a_program_of_fewer_kernels_wins_where_a_pass_of_it_was_as_fast_as_the_fastests(
         tmp_path, many_passes, fewer_passes, wins):
     """Policy a makes 27 kernels and runs `many_passes` whole; b makes 4 and runs `fewer_passes`
     (a loaded 2-core VM's spread). The report lists every finalist with its passes and whether
