@@ -49,7 +49,9 @@ TIE_CLOSE = 0.03
 # apart, and in one compile layers of 4 to 26 kernels moving the same bytes timed 362-565 us a
 # pass, medians 366-426 us; the load comes in spells that slow whichever finalists are timed
 # during them (in another compile the two fastest ran 65% slower in their first pass than in their
-# next two), and a finalist is compared with the fastest pass by pass, not pooled. A
+# next two), and a finalist is compared with the fastest pass by pass, not pooled, in the passes
+# where the fastest ran at or below its median (that compile's 5-kernel layer beat its 17-kernel
+# fastest only in the fastest's slow first pass, 267 us beside 377, and was slower in both others). A
 # card's replays (a few tenths of a percent apart pass to pass, each pass the median of ten) keep
 # a program 3% slower behind in every pass, so there TIE_CLOSE alone ties
 TIE_NOISY = 0.2
@@ -347,10 +349,13 @@ class RegionTuner:
 
 def _tied(seconds: dict[str, float], passes: dict[str, list[float]]) -> set[str]:
     """The finalists the timing cannot tell from the fastest (by its median pass): within
-    TIE_CLOSE of it, or within TIE_NOISY and as fast as it in a pass they shared."""
+    TIE_CLOSE of it, or within TIE_NOISY and as fast as it in a pass they shared where it ran at
+    or below its median (a spell that slowed its own pass alone ties nothing)."""
     fastest = min(seconds, key=seconds.get)
+    typical = [(i, s) for i, s in enumerate(passes.get(fastest, [])) if s <= seconds[fastest]]
 
     def as_fast_once(key: str) -> bool:
-        return any(mine <= theirs for mine, theirs in zip(passes.get(key, []), passes.get(fastest, [])))
+        mine = passes.get(key, [])
+        return any(i < len(mine) and mine[i] <= theirs for i, theirs in typical)
     return {key for key, s in seconds.items() if s <= seconds[fastest] * (1 + TIE_CLOSE)
             or (s <= seconds[fastest] * (1 + TIE_NOISY) and as_fast_once(key))}
