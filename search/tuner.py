@@ -52,8 +52,8 @@ TIE_CLOSE = 0.03
 # next two), and a finalist is compared with the fastest pass by pass, not pooled, in the passes
 # where the fastest ran at or below its median (that compile's 5-kernel layer beat its 17-kernel
 # fastest only in the fastest's slow first pass, 267 us beside 377, and was slower in both others). A
-# card's replays (a few tenths of a percent apart pass to pass, each pass the median of ten) keep
-# a program 3% slower behind in every pass, so there TIE_CLOSE alone ties
+# card's replays should keep a program 3% slower behind in every pass (each pass the median of ten
+# replays), so that there TIE_CLOSE alone ties: a GPU compile's report will show its passes
 TIE_NOISY = 0.2
 BATCH = 8                      # candidates drawn per round
 
