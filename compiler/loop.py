@@ -186,11 +186,11 @@ class _RegionSearch:
         estimate = self.tuner.measure_lowered(deadline)
         return estimate * len(self.group) if estimate is not None else None
 
-    def _end_to_end(self, outputs, variant: str) -> float:
+    def _end_to_end(self, outputs, variant: str) -> Callable[[], float]:
         """A finalist is what the user may run: the configurations of its kernels are measured
         past the search's deadline, until the region's (in the worker, where a crashing one costs
         only itself; candidates evaluated late had only their default configurations timed), then
-        it is timed whole (the tuner times each finalist more than once; its kernels are tuned once)."""
+        it is built as deployed, and the tuner times it whole in rounds beside the other finalists."""
         self.measurer.deadline = self.share
         self._tune_finalists([(outputs, variant)])
         return self.measurer.end_to_end(outputs, variant)

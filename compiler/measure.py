@@ -247,10 +247,12 @@ class Measurer:
                                                share=0.0 if finalist else SEARCH_SHARE)
         return Outcome.measured(estimate, len(program.kernels))
 
-    def end_to_end(self, outputs: list[Node], variant: str, repeats: int = 10) -> float:
-        """Seconds per run of the region in the launch mode a compiled graph deploys (a CUDA
-        graph's replay at fixed sizes; on the CPU one C call for the region's kernels), so that
-        finalists are ranked by what the user gets, not by launches a compiled graph never pays."""
+    def end_to_end(self, outputs: list[Node], variant: str, repeats: int = 3) -> Callable[[], float]:
+        """A timer of the region in the launch mode a compiled graph deploys (a CUDA graph's
+        replay at fixed sizes; on the CPU one C call for the region's kernels), so that finalists
+        are ranked by what the user gets, not by launches a compiled graph never pays. Built once;
+        each call times `repeats` runs and returns their median seconds, so that the tuner can
+        time its finalists in turn, a few runs each, and compare them run beside run."""
         graph, program, configs = self.build(outputs, variant)
         executor = Executor(graph, program, configs, self.backend, deployed=True, sizes=self.region.sizes,
                             fixed=self.region.fixed)
@@ -258,10 +260,13 @@ class Measurer:
         executor(*args)
         # a compiled graph leaves a region's outputs in its memory for the next region
         weights = [a for n, a in executor.arrays.items() if program.buffers[n].role == "weight"]
-        # `repeats` runs (a target of 0 s stopped at the 3 runs every timing makes)
-        times = self.backend.time(self._as_deployed(executor, args), float("inf"), repeats,
-                                  **self._cold(weights))
-        return statistics.median(times)
+        run, cold = self._as_deployed(executor, args), self._cold(weights)
+
+        # a recording holds the addresses of the executor's memory and of the arguments, not the
+        # arrays: they live as long as the timer (a target of 0 s stops at the 3 runs every timing makes)
+        def timer(kept=(executor, args)) -> float:
+            return statistics.median(self.backend.time(run, float("inf"), repeats, **cold))
+        return timer
 
     def _as_deployed(self, executor: Executor, args: list) -> Callable[[], object]:
         """One run of the region in the launch mode a user gets: a CUDA graph's replay where the

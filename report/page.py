@@ -345,17 +345,19 @@ def _region(r: dict, copy_bytes_per_s: float | None) -> str:
 
 
 def _finalists(r: dict) -> str:
-    """The finalists timed whole, fastest first, with each pass: those the timing could not tell
-    from the fastest are marked tied, and the fewest kernels among them won."""
+    """The finalists timed whole, fastest first, with each round: those the timing could not tell
+    from the fastest (round by round) are marked tied, and the fewest kernels among them won."""
     finalists = r.get("finalists") or []
     if not finalists:
         return ""
+    # (an artifact compiled before finalists were timed in rounds lists its passes)
     rows = [[Raw(f"<code>{escape(f['key'])}</code>" + (" <b>(winner)</b>" if f["key"] == r["winner"] else "")),
              f["kernels"] if f["kernels"] is not None else "-", _s(f["end_to_end_s"]),
-             ", ".join(_s(p) for p in f["passes"]) or "from the database", "tied" if f["tied"] else "-"]
+             ", ".join(_s(t) for t in f.get("rounds", f.get("passes", []))) or "from the database",
+             "tied" if f["tied"] else "-"]
             for f in finalists]
     return ("<h4>Finalists, timed whole</h4>"
-            + _table(["finalist", "kernels", "end to end (median pass)", "passes", "tied with the fastest"], rows))
+            + _table(["finalist", "kernels", "end to end (median round)", "rounds", "tied with the fastest"], rows))
 
 
 def _gap(estimate_s: float | None, end_to_end_s: float | None) -> str:

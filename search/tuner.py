@@ -5,7 +5,8 @@ result in the tuning database, and time the best few end to end to pick the winn
 
 The backend work (scheduling, compiling, checking, timing) arrives as callables, so this module
 knows nothing of kernels: `evaluate(outputs, variant) -> Outcome` and
-`end_to_end(outputs, variant) -> seconds`. A variant is an opaque name for how the backend turns
+`end_to_end(outputs, variant) -> timer`, the program built once and each `timer()` the median
+seconds of a few runs as deployed. A variant is an opaque name for how the backend turns
 a program into kernels (its fusion policy). A resumed compile finds every finished candidate in
 the journal and measures it again never."""
 from __future__ import annotations
@@ -15,13 +16,15 @@ import statistics
 import time
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 from ..ir import KilnError, Node
 from . import extract, provenance
 from .budget import Deadline
 from .saturate import Saturated
 from .tunedb import TuneDB
+
+T = TypeVar("T")
 
 ORIGINAL = "original"          # the candidate key of the program as lowered (no rewrite applied)
 REMEMBERED = "remembered"      # the key's prefix of an earlier compile's winner (the database's)
@@ -37,24 +40,20 @@ LOWERED_CLOSE = 0.05
 # decode layer on the 2-core VM ran 1.26x its kernel sum end to end in 16 kernels, 0.81x in 6
 FEWER_CLOSE = 0.5
 FEWER_KERNELS = 3
-TIMING_PASSES = 3              # ... each this many times, the finalists in turn; its median pass counts
-# finalists this close end to end are as fast as the timing can tell apart, and the one of fewest
-# kernels wins (it leaves the least to what lies between kernels in a whole step): rewrites of
-# SmolLM2's decode layer estimated within 1% of each other timed 375-414 us whole in one compile
-# on the 2-core VM, its 4-kernel program and a 27-kernel one 365.7 and 365.9
+# the finalists are timed in turn, a few runs each (a round), this many rounds, each finalist first
+# in its turn; its median round counts, and it is compared with the fastest round by round
+TIMING_ROUNDS = 10
+# finalists this close to the fastest, by the median of their ratios to it round by round, are as
+# fast as the timing can tell apart, and the one of fewest kernels wins (it leaves the least to
+# what lies between kernels in a whole step). Load on a shared machine comes in spells: on the
+# 2-core VM the same SmolLM2 decode artifact benched 57.7 and 82.5 tok/s minutes apart, and when
+# each finalist was timed ten runs at a time, three passes, one compile timed the same layers 362
+# to 565 us a pass and another its two fastest 65% slower in their first pass than in their next
+# two, so that which program of 4 to 17 kernels won (all moving the same bytes; one process timing
+# them 200 runs each put them within 12% of each other, and the same policy 12% apart in two
+# runs) depended on which of them a spell hit. A round a few runs long puts each finalist beside
+# the fastest within milliseconds, under the same spell
 TIE_CLOSE = 0.03
-# ... and so are finalists up to this much slower by their median pass that were as fast as the
-# fastest in one of the passes they shared (the i-th pass of each): the passes do not keep them in
-# order. On the 2-core VM the same SmolLM2 decode artifact benched 57.7 and 82.5 tok/s minutes
-# apart, and in one compile layers of 4 to 26 kernels moving the same bytes timed 362-565 us a
-# pass, medians 366-426 us; the load comes in spells that slow whichever finalists are timed
-# during them (in another compile the two fastest ran 65% slower in their first pass than in their
-# next two), and a finalist is compared with the fastest pass by pass, not pooled, in the passes
-# where the fastest ran at or below its median (that compile's 5-kernel layer beat its 17-kernel
-# fastest only in the fastest's slow first pass, 267 us beside 377, and was slower in both others). A
-# card's replays should keep a program 3% slower behind in every pass (each pass the median of ten
-# replays), so that there TIE_CLOSE alone ties: a GPU compile's report will show its passes
-TIE_NOISY = 0.2
 BATCH = 8                      # candidates drawn per round
 
 
@@ -112,28 +111,36 @@ class Winner:
 
 @dataclass(frozen=True)
 class Finalist:
-    """A finalist timed whole: its median pass, each pass (none when the database held its time),
-    and whether the timing could not tell it from the fastest (the fewest kernels among those win)."""
+    """A finalist timed whole: its median round, each round (none when the database held its
+    time), and whether the timing could not tell it from the fastest (the fewest kernels among
+    those win)."""
     key: str
     kernels: int | None
     end_to_end_s: float
-    passes: list[float]
+    rounds: list[float]
     tied: bool
 
 
-def _outcome(evaluate: Callable[[], Outcome]) -> Outcome:
+def _guarded(call: Callable[[], T]) -> tuple[T | None, str]:
+    """call()'s value and "", or None and what went wrong: a candidate that breaks the backend is
+    rejected, not fatal; a KilnError (the machine's problem: no compiler ...) stops the compile."""
     try:
-        return evaluate()
-    except KilnError:          # the machine's problem (no compiler ...), not the candidate's
+        return call(), ""
+    except KilnError:
         raise
-    except Exception as err:   # a candidate that breaks the backend is rejected, not fatal
-        return Outcome("crash", None, f"{type(err).__name__}: {err}")
+    except Exception as err:
+        return None, f"{type(err).__name__}: {err}"
+
+
+def _outcome(evaluate: Callable[[], Outcome]) -> Outcome:
+    outcome, error = _guarded(evaluate)
+    return Outcome("crash", None, error) if error else outcome
 
 
 class RegionTuner:
     def __init__(self, region: str, label: str, original: Sequence[Node], saturated: Saturated | None,
                  variants: Sequence[str], evaluate: Callable[[list[Node], str], Outcome],
-                 end_to_end: Callable[[list[Node], str], float], db: TuneDB, compile_id: str,
+                 end_to_end: Callable[[list[Node], str], Callable[[], float]], db: TuneDB, compile_id: str,
                  seed: int = 0, on_progress: Callable[[Progress], None] = lambda p: None,
                  prepare_finalists: Callable[[list[tuple[list[Node], str]]], None] = lambda finalists: None):
         """`prepare_finalists([(outputs, variant), ...])`: the finalists about to be timed end to
@@ -309,28 +316,30 @@ class RegionTuner:
         finalists = ranked[:FINALISTS] + [row for row in ranked[FINALISTS:] if row[1] in forced]
         # a burst of load on a shared machine (another process taking the cores an OpenMP region
         # waits for) made one finalist's ten runs 500x its others' (a 30 us program timed at 16
-        # ms, beaten by the program as lowered): each finalist is timed in every pass, the passes
-        # apart in time, and its median pass counts. Its best would let one fast spell decide the
-        # other way: on the 2-core VM a program timed 257 us whole once, 17% below every other
-        # finalist, ran about 308 us a layer in the step the bench timed next
-        seconds, passes = {}, {}
+        # ms, beaten by the program as lowered): each finalist is timed in every round and its
+        # median round counts. Its best would let one fast spell decide the other way: on the
+        # 2-core VM a program timed 257 us whole once, 17% below every other finalist, ran about
+        # 308 us a layer in the step the bench timed next
+        seconds, rounds = {}, {}
         for row in finalists:
             record = self.db.candidate(self.compile_id, self.region, row[1])
             if record and record.end_to_end_s:
                 seconds[row[1]] = record.end_to_end_s
         untimed = [row for row in finalists if row[1] not in seconds]
         self.prepare_finalists([(outputs, variant) for _, _, variant, outputs, _ in untimed])
-        crashed = {}
-        for _ in range(TIMING_PASSES):
-            for estimate, key, variant, outputs, genome in untimed:
-                if key not in crashed:
-                    timed = _outcome(lambda: Outcome("ok", self.end_to_end(outputs, variant)))
-                    if timed.status == "ok":
-                        passes.setdefault(key, []).append(timed.estimate_s)
-                        seconds[key] = statistics.median(passes[key])
-                    else:      # (out of memory on a GPU the workers share): the finalist, not the compile
-                        crashed[key] = timed.detail
-                        seconds.pop(key, None)
+        timers, crashed = {}, {}
+        for estimate, key, variant, outputs, genome in untimed:
+            timers[key], crashed[key] = _guarded(lambda: self.end_to_end(outputs, variant))
+        for turn in range(TIMING_ROUNDS):
+            live = [key for key, timer in timers.items() if not crashed[key]]
+            for key in live[turn % len(live):] + live[:turn % len(live)] if live else ():
+                # (out of memory on a GPU the workers share): the finalist, not the compile
+                took, crashed[key] = _guarded(timers[key])
+                rounds.setdefault(key, []).append(took)
+        timers.clear()            # each holds a built program: its memory goes before the next region's
+        crashed = {key: detail for key, detail in crashed.items() if detail}
+        seconds |= {key: statistics.median(times) for key, times in rounds.items() if key not in crashed}
+        rounds = {key: times for key, times in rounds.items() if key not in crashed}
         for estimate, key, *_ in untimed:
             self.db.record_candidate(self.compile_id, self.region, key, "crash" if key in crashed else "ok",
                                      estimate, end_to_end_s=seconds.get(key),
@@ -338,24 +347,22 @@ class RegionTuner:
         if not seconds:
             raise KilnError(f"kiln: every finalist of region {self.progress.region} crashed when timed end to "
                             f"end; the first: {next(iter(crashed.values()))}")
-        tied = _tied(seconds, passes)
+        tied = _tied(seconds, rounds)
         estimate, key, variant, outputs, genome = min((row for row in finalists if row[1] in tied), key=lambda row: (
             self.outcomes[row[1]].kernels or float("inf"), seconds[row[1]]))
-        timed = [Finalist(row[1], self.outcomes[row[1]].kernels, seconds[row[1]], passes.get(row[1], []),
+        timed = [Finalist(row[1], self.outcomes[row[1]].kernels, seconds[row[1]], rounds.get(row[1], []),
                           row[1] in tied) for row in finalists if row[1] in seconds]
         return Winner(key, variant, outputs, estimate, seconds[key], self.progress, genome, seconds.get(as_lowered),
                       sorted(timed, key=lambda f: f.end_to_end_s))
 
 
-def _tied(seconds: dict[str, float], passes: dict[str, list[float]]) -> set[str]:
-    """The finalists the timing cannot tell from the fastest (by its median pass): within
-    TIE_CLOSE of it, or within TIE_NOISY and as fast as it in a pass they shared where it ran at
-    or below its median (a spell that slowed its own pass alone ties nothing)."""
+def _tied(seconds: dict[str, float], rounds: dict[str, list[float]]) -> set[str]:
+    """The finalists the timing cannot tell from the fastest (by its median round): within
+    TIE_CLOSE of it by the median of their ratios to it round by round (by their medians where
+    the database held a time and no round was timed)."""
     fastest = min(seconds, key=seconds.get)
-    typical = [(i, s) for i, s in enumerate(passes.get(fastest, [])) if s <= seconds[fastest]]
 
-    def as_fast_once(key: str) -> bool:
-        mine = passes.get(key, [])
-        return any(i < len(mine) and mine[i] <= theirs for i, theirs in typical)
-    return {key for key, s in seconds.items() if s <= seconds[fastest] * (1 + TIE_CLOSE)
-            or (s <= seconds[fastest] * (1 + TIE_NOISY) and as_fast_once(key))}
+    def ratio(key: str) -> float:
+        paired = [mine / theirs for mine, theirs in zip(rounds.get(key, []), rounds.get(fastest, []))]
+        return statistics.median(paired) if paired else seconds[key] / seconds[fastest]
+    return {key for key in seconds if ratio(key) <= 1 + TIE_CLOSE}

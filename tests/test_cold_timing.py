@@ -52,7 +52,7 @@ def test_kernel_and_region_timings_evict_the_weights_before_every_call(tmp_path,
         assert measurer.evaluate(outputs, VARIANT).status == "ok"
         assert backend.evicted and len(backend.evicted) == backend.calls_after_eviction
         backend.evicted.clear()
-        measurer.end_to_end(outputs, VARIANT, repeats=4)
+        measurer.end_to_end(outputs, VARIANT, repeats=4)()
     assert len(backend.evicted) >= 4
     # the weight alone, never the activation the kernel reads (it is warm in a real step)
     assert all(len(addresses) == 1 for addresses in backend.evicted)

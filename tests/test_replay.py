@@ -175,7 +175,7 @@ def test_finalists_are_timed_as_the_user_runs_them(tmp_path):
                             Region(program.inputs, program.weights, dict(graph.symbols), args, want,
                                    sizes=env, recorded=replays(graph),
                                    fixed=fixed_symbols(read_inputs(graph))))
-        assert measurer.end_to_end(layer.outputs, VARIANT) > 0
+        assert measurer.end_to_end(layer.outputs, VARIANT)() > 0
         assert backend.captures == 1
 
 

@@ -77,7 +77,7 @@ def test_page_shows_the_search_kernels_stages_and_hardware(compiled, page):
                 fired = {name for stage in region["stages"] for name, n in stage["matches"].items() if n}
                 assert set(region["rules"]) <= fired
                 assert all(f"<li><code>{escape(name)}</code></li>" in html for name in region["rules"])
-            # its finalists, fastest first, each with its passes; the winner among them, tied
+            # its finalists, fastest first, each with its rounds; the winner among them, tied
             # with the fastest (itself, or a program of fewer kernels the timing cannot tell from it)
             finalists = region["finalists"]
             assert [f["end_to_end_s"] for f in finalists] == sorted(f["end_to_end_s"] for f in finalists)

@@ -6,7 +6,7 @@ import pytest
 from kiln import KilnError
 from kiln.search.budget import Deadline
 from kiln.search.saturate import Limits, saturate
-from kiln.search.tuner import TIMING_PASSES, Outcome, RegionTuner
+from kiln.search.tuner import TIMING_ROUNDS, Outcome, RegionTuner
 from kiln.search.tunedb import TuneDB
 from kiln.tests.test_saturate import long_sum, with_associativity
 
@@ -28,7 +28,7 @@ def test_a_resumed_search_with_no_time_left_still_weighs_every_candidate_measure
 
     def tuner(db):
         return RegionTuner("r", "layer", program, saturated, ["a", "b"], evaluate,
-                           end_to_end=lambda outputs, variant: evaluate(outputs, variant).estimate_s,
+                           end_to_end=lambda outputs, variant: lambda: evaluate(outputs, variant).estimate_s,
                            db=db, compile_id="c1", seed=3)
 
     with TuneDB(tmp_path / "tune.sqlite") as db:
@@ -59,7 +59,7 @@ def test_a_rewrite_replaces_the_program_as_lowered_only_by_winning_end_to_end(tm
     with TuneDB(tmp_path / "tune.sqlite") as db:
         tuner = RegionTuner("r", "layer", program, saturated, ["a"],
                             lambda outputs, variant: Outcome("ok", 2e-6 if lowered(outputs) else 1e-6),
-                            end_to_end=lambda outputs, variant: 1e-6 if lowered(outputs) else 3e-6,
+                            end_to_end=lambda outputs, variant: lambda: 1e-6 if lowered(outputs) else 3e-6,
                             db=db, compile_id="c1", seed=0)
         tuner.measure_lowered(Deadline(60))
         winner = tuner.run(Deadline(60), max_candidates=12)
@@ -70,22 +70,24 @@ def test_a_rewrite_replaces_the_program_as_lowered_only_by_winning_end_to_end(tm
 def test_a_burst_of_load_during_one_finalists_timing_does_not_decide(tmp_path):
     """The program as lowered runs 3 us end to end; the first rewritten finalist timed runs 1 us,
     the others 4 us; but the first time that one is timed a burst of load makes it 500 us (what
-    CI's shared cores did to a remembered winner). Each finalist is timed in every pass and its
-    median pass counts, so it still wins, at 1 us, and the database records that time."""
+    CI's shared cores did to a remembered winner). Each finalist is timed in every round and its
+    median round counts, so it still wins, at 1 us, and the database records that time."""
     program = [long_sum(6)]
     saturated = saturate(program, with_associativity(), Limits(max_enodes=4_000))
     timed: list = []          # each finalist's outputs, in the order first timed
     calls: list = []
 
     def end_to_end(outputs, variant):
-        if outputs[0] is program[0]:
-            return 3e-6
-        if outputs[0] not in timed:
-            timed.append(outputs[0])
-        calls.append(outputs[0])
-        if timed.index(outputs[0]) > 0:
-            return 4e-6
-        return 5e-4 if calls.count(outputs[0]) == 1 else 1e-6
+        def timer():
+            if outputs[0] is program[0]:
+                return 3e-6
+            if outputs[0] not in timed:
+                timed.append(outputs[0])
+            calls.append(outputs[0])
+            if timed.index(outputs[0]) > 0:
+                return 4e-6
+            return 5e-4 if calls.count(outputs[0]) == 1 else 1e-6
+        return timer
 
     with TuneDB(tmp_path / "tune.sqlite") as db:
         tuner = RegionTuner("r", "layer", program, saturated, ["a"],
@@ -93,7 +95,7 @@ def test_a_burst_of_load_during_one_finalists_timing_does_not_decide(tmp_path):
                             end_to_end=end_to_end, db=db, compile_id="c1", seed=0)
         tuner.measure_lowered(Deadline(60))
         winner = tuner.run(Deadline(60), max_candidates=12)
-        assert len(timed) >= 2 and len(calls) == TIMING_PASSES * len(timed)
+        assert len(timed) >= 2 and len(calls) == TIMING_ROUNDS * len(timed)
         assert winner.outputs[0] is timed[0] and winner.end_to_end_s == 1e-6
         assert winner.lowered_end_to_end_s == 3e-6      # what the report's end-to-end gain is over
         assert db.candidate("c1", "r", winner.key).end_to_end_s == 1e-6
@@ -113,7 +115,7 @@ def test_a_program_drawn_twice_in_one_round_is_measured_and_counted_once(tmp_pat
 
     with TuneDB(tmp_path / "tune.sqlite") as db:
         tuner = RegionTuner("r", "layer", program, saturated, ["a"], evaluate,
-                            end_to_end=lambda outputs, variant: 1e-6, db=db, compile_id="c1", seed=0)
+                            end_to_end=lambda outputs, variant: lambda: 1e-6, db=db, compile_id="c1", seed=0)
         tuner.measure_lowered(Deadline(60))
         tuner.run(Deadline(60), max_candidates=1_000)
     assert tuner.progress.tried >= 5
@@ -137,9 +139,9 @@ def test_the_program_as_lowered_is_timed_whole_under_each_policy_estimated_near_
 
     def end_to_end(outputs, variant):
         if outputs[0] is not program[0]:
-            return 3e-6
+            return lambda: 3e-6
         timed.add(variant)
-        return {"a": 1.0e-6, "b": 0.9e-6, "c": 0.5e-6}[variant]
+        return lambda: {"a": 1.0e-6, "b": 0.9e-6, "c": 0.5e-6}[variant]
 
     with TuneDB(tmp_path / "tune.sqlite") as db:
         tuner = RegionTuner("r", "layer", program, saturated, list(lowered_estimate), evaluate,
@@ -166,7 +168,7 @@ def test_a_program_of_fewer_kernels_estimated_near_the_best_is_timed_whole(tmp_p
 
     def end_to_end(outputs, variant):
         timed.add(variant)
-        return {"a": 3e-6, "b": 2.5e-6, "c": 2e-6, "d": 1e-6}[variant]
+        return lambda: {"a": 3e-6, "b": 2.5e-6, "c": 2e-6, "d": 1e-6}[variant]
 
     with TuneDB(tmp_path / "tune.sqlite") as db:
         tuner = RegionTuner("r", "layer", program, saturated, list(policies), evaluate,
@@ -192,39 +194,48 @@ def test_a_program_of_fewer_kernels_within_the_timings_noise_of_the_fastest_wins
 
     with TuneDB(tmp_path / "tune.sqlite") as db:
         tuner = RegionTuner("r", "layer", program, saturated, list(policies), evaluate,
-                            end_to_end=lambda outputs, variant: {"a": 2e-6, "b": fewer_whole}[variant],
+                            end_to_end=lambda outputs, variant: lambda: {"a": 2e-6, "b": fewer_whole}[variant],
                             db=db, compile_id="c1", seed=0)
         tuner.measure_lowered(Deadline(60))
         winner = tuner.run(Deadline(60), max_candidates=12)
     assert winner.variant == wins
 
 
-STEADY = (2.0e-6, 2.0e-6, 2.0e-6)
+STEADY = (2.0e-6,) * TIMING_ROUNDS
 
 
-@pytest.mark.parametrize("many_passes, fewer_passes, wins", [
-    (STEADY, (2.2e-6, 1.9e-6, 2.2e-6), "b"),     # 10% slower by its median, faster in a pass: noise
-    (STEADY, (2.2e-6, 2.2e-6, 2.2e-6), "a"),     # 10% slower in every pass: slower
-    (STEADY, (2.2e-6, 2.0e-6, 2.3e-6), "b"),     # as fast in a pass
-    (STEADY, (2.6e-6, 1.9e-6, 2.6e-6), "a"),     # faster once, but 30% slower by its median: beyond TIE_NOISY
-    # a slow spell in the first pass slows both: b, 10% slower pass by pass, stays slower
-    ((2.6e-6, 2.0e-6, 2.0e-6), (2.9e-6, 2.2e-6, 2.2e-6), "a"),
-    # a spell slowed a's first pass alone: b beat only that one, and is slower in a's others
-    ((2.6e-6, 2.0e-6, 2.0e-6), (2.2e-6, 2.2e-6, 2.2e-6), "a"),
+def spells(*slowed: int, by: float = 1.5):
+    """Rounds of 2 us with the rounds `slowed` (a spell of load) `by` times slower."""
+    return tuple(2.0e-6 * (by if i in slowed else 1.0) for i in range(TIMING_ROUNDS))
+
+
+def times(ratio: float, rounds: tuple) -> tuple:
+    return tuple(ratio * t for t in rounds)
+
+
+@pytest.mark.parametrize("many_rounds, fewer_rounds, wins", [
+    (STEADY, times(1.02, STEADY), "b"),                     # 2% slower in every round: a tie
+    (STEADY, times(1.05, STEADY), "a"),                     # 5% slower in every round: slower
+    # a spell slowed the first two rounds of both, and four more of b's (as the load rose while
+    # its runs came): b, 2% slower round by round in the rest, ties, though its median is 53% slower
+    (spells(0, 1), times(1.02, spells(0, 1, 2, 3, 4, 5)), "b"),
+    # spells slowing a's rounds alone: b beat a there, 5% slower in the rest, and stays slower
+    (spells(0, 1, 2, 3), times(1.05, STEADY), "a"),
+    # spells slowing b's rounds alone: as fast as a in the rest, a tie
+    (STEADY, spells(7, 8, 9, by=3.0), "b"),
 ])
-def test_a_program_of_fewer_kernels_wins_where_a_pass_of_it_was_as_fast_as_the_fastests(
-        tmp_path, many_passes, fewer_passes, wins):
-    """Policy a makes 27 kernels and runs `many_passes` whole; b makes 4 and runs `fewer_passes`
-    (a loaded 2-core VM's spread). The report lists every finalist with its passes and whether
+def test_a_program_of_fewer_kernels_wins_where_round_by_round_it_ran_as_fast_as_the_fastest(
+        tmp_path, many_rounds, fewer_rounds, wins):
+    """Policy a makes 27 kernels and runs `many_rounds` whole; b makes 4 and runs `fewer_rounds`
+    (a loaded 2-core VM's spells). The report lists every finalist with its rounds and whether
     it tied."""
     program = [long_sum(6)]
     saturated = saturate(program, with_associativity(), Limits(max_enodes=4_000))
     policies = {"a": (1.00e-6, 27), "b": (1.05e-6, 4)}
-    calls: dict[tuple, int] = {}
 
     def end_to_end(outputs, variant):
-        n = calls[id(outputs[0]), variant] = calls.get((id(outputs[0]), variant), -1) + 1
-        return (many_passes if variant == "a" else fewer_passes)[n]
+        rounds = iter(many_rounds if variant == "a" else fewer_rounds)
+        return lambda: next(rounds)
 
     with TuneDB(tmp_path / "tune.sqlite") as db:
         tuner = RegionTuner("r", "layer", program, saturated, list(policies),
@@ -234,14 +245,14 @@ def test_a_program_of_fewer_kernels_wins_where_a_pass_of_it_was_as_fast_as_the_f
         winner = tuner.run(Deadline(60), max_candidates=12)
     assert winner.variant == wins
     by_policy = {f.key.rsplit("/", 1)[1]: f for f in winner.finalists}
-    assert by_policy["b"].passes == list(fewer_passes) and by_policy["b"].kernels == 4
+    assert by_policy["b"].rounds == list(fewer_rounds) and by_policy["b"].kernels == 4
     assert by_policy["b"].tied == (wins == "b") and by_policy["a"].tied
     assert [f.end_to_end_s for f in winner.finalists] == sorted(f.end_to_end_s for f in winner.finalists)
 
 
 def test_the_search_time_that_candidates_a_minute_divide_by_leaves_out_the_finalists(tmp_path):
-    """Finalists are timed whole after the search, 0.2 s each here: the search's own time (which
-    the report's candidates a minute divide by) ends before them, the run's time after."""
+    """Finalists are built and timed whole after the search, 0.2 s each here: the search's own
+    time (which the report's candidates a minute divide by) ends before them, the run's time after."""
     program = [long_sum(6)]
     saturated = saturate(program, with_associativity(), Limits(max_enodes=4_000))
     timed_whole = []
@@ -249,7 +260,7 @@ def test_the_search_time_that_candidates_a_minute_divide_by_leaves_out_the_final
     def end_to_end(outputs, variant):
         time.sleep(0.2)
         timed_whole.append(variant)
-        return 1e-6
+        return lambda: 1e-6
 
     with TuneDB(tmp_path / "tune.sqlite") as db:
         tuner = RegionTuner("r", "layer", program, saturated, ["a"], lambda outputs, variant: Outcome("ok", 1e-6),
@@ -263,21 +274,23 @@ def test_the_search_time_that_candidates_a_minute_divide_by_leaves_out_the_final
 
 
 def test_a_finalist_that_crashes_when_timed_whole_is_dropped_not_the_compile(tmp_path):
-    """A rewritten finalist runs fastest whole in the first pass and runs out of memory in the
+    """A rewritten finalist runs fastest whole in the first round and runs out of memory in the
     second (another process's pool filled a shared GPU; a Llama compile on an H200 stopped there):
-    it is recorded as a crash and the program as lowered wins. When every finalist crashes the
-    error names the region and the first crash."""
+    it is recorded as a crash and the program as lowered wins. When every finalist crashes (here
+    as it is built) the error names the region and the first crash."""
     program = [long_sum(6)]
     saturated = saturate(program, with_associativity(), Limits(max_enodes=4_000))
     calls: list = []
 
     def end_to_end(outputs, variant):
-        if outputs[0] is program[0]:
-            return 3e-6
-        calls.append(outputs[0])
-        if calls.count(outputs[0]) > 1:
-            raise MemoryError("out of memory allocating 23,068,672 bytes")
-        return 1e-6
+        def timer():
+            if outputs[0] is program[0]:
+                return 3e-6
+            calls.append(outputs[0])
+            if calls.count(outputs[0]) > 1:
+                raise MemoryError("out of memory allocating 23,068,672 bytes")
+            return 1e-6
+        return timer
 
     with TuneDB(tmp_path / "tune.sqlite") as db:
         tuner = RegionTuner("r", "layer", program, saturated, ["a"],

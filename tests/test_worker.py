@@ -337,7 +337,7 @@ def test_a_candidates_time_is_accounted_by_phase(tmp_path, monkeypatch):
     assert sum(outcome.spent.values()) == pytest.approx(wall, rel=0.05, abs=0.01)
     # the tuner sums what its measured candidates spent, per region
     with TuneDB(tmp_path / "tune.sqlite") as db:
-        tuner = RegionTuner("r", "r", outputs, None, [VARIANT], lambda o, v: outcome, lambda o, v: 1.0, db, "compile")
+        tuner = RegionTuner("r", "r", outputs, None, [VARIANT], lambda o, v: outcome, lambda o, v: lambda: 1.0, db, "compile")
         tuner._try("original", None, outputs)
     assert tuner.progress.spent == outcome.spent
     text = spent_text(tuner.progress.spent, tuner.progress.measured)

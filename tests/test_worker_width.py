@@ -126,7 +126,7 @@ def test_the_tuner_keeps_its_evaluates_width_in_flight(tmp_path):
     evaluate = SideBySide()
     with TuneDB(tmp_path / "tune.sqlite") as db:
         tuner = RegionTuner("r", "layer", program, saturated, ["a"], evaluate,
-                            end_to_end=lambda outputs, variant: measure(outputs, variant).estimate_s,
+                            end_to_end=lambda outputs, variant: lambda: measure(outputs, variant).estimate_s,
                             db=db, compile_id="c1", seed=3)
         tuner.measure_lowered(Deadline(60))
         winner = tuner.run(Deadline(60), max_candidates=12)
