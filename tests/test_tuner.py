@@ -250,6 +250,30 @@ def test_a_program_of_fewer_kernels_wins_where_round_by_round_it_ran_as_fast_as_
     assert [f.end_to_end_s for f in winner.finalists] == sorted(f.end_to_end_s for f in winner.finalists)
 
 
+def test_each_finalist_is_built_once_and_timed_once_a_round_each_first_in_its_turn(tmp_path):
+    """Finalists are built once, then timed in TIMING_ROUNDS rounds: every finalist once a round,
+    the round's order rotated so that each comes first in turn (none always times right after the
+    same other one, or first after the tuner's own work)."""
+    program = [long_sum(6)]
+    saturated = saturate(program, with_associativity(), Limits(max_enodes=4_000))
+    built, order = [], []
+
+    def end_to_end(outputs, variant):
+        built.append(outputs[0])
+        return lambda: order.append(outputs[0]) or 1e-6
+
+    with TuneDB(tmp_path / "tune.sqlite") as db:
+        tuner = RegionTuner("r", "layer", program, saturated, ["a"], lambda outputs, variant: Outcome("ok", 1e-6),
+                            end_to_end=end_to_end, db=db, compile_id="c1", seed=0)
+        tuner.measure_lowered(Deadline(60))
+        tuner.run(Deadline(60), max_candidates=12)
+    count = len(built)
+    assert count >= 2 and len(set(map(id, built))) == count and len(order) == TIMING_ROUNDS * count
+    rounds = [order[i:i + count] for i in range(0, len(order), count)]
+    assert all({id(o) for o in r} == {id(o) for o in built} for r in rounds)
+    assert [r[0] for r in rounds] == [built[i % count] for i in range(TIMING_ROUNDS)]
+
+
 def test_the_search_time_that_candidates_a_minute_divide_by_leaves_out_the_finalists(tmp_path):
     """Finalists are built and timed whole after the search, 0.2 s each here: the search's own
     time (which the report's candidates a minute divide by) ends before them, the run's time after."""
