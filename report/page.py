@@ -21,7 +21,7 @@ from ..compiler.progress import spent_text
 from ..ir import KilnError
 from ..ir.artifact import MANIFEST
 from ..search.tunedb import CandidateRecord, TuneDB
-from .svg import Bar, PALETTE, Series, bar_chart, step_chart
+from .svg import Bar, PALETTE, Series, Strip, bar_chart, step_chart, strip_chart
 
 REPORT_HTML = "report.html"
 STATUSES = ("ok", "wrong", "nan", "crash", "compile", "timeout", "memory")   # the table's column order
@@ -351,12 +351,19 @@ def _finalists(r: dict) -> str:
     if not finalists:
         return ""
     # (an artifact compiled before finalists were timed in rounds lists its passes)
-    rows = [[Raw(f"<code>{escape(f['key'])}</code>" + (" <b>(winner)</b>" if f["key"] == r["winner"] else "")),
+    timings = [f.get("rounds", f.get("passes", [])) for f in finalists]
+    rows = [[Raw(f"{i}. <code>{escape(f['key'])}</code>" + (" <b>(winner)</b>" if f["key"] == r["winner"] else "")),
              f["kernels"] if f["kernels"] is not None else "-", _s(f["end_to_end_s"]),
-             ", ".join(_s(t) for t in f.get("rounds", f.get("passes", []))) or "from the database",
-             "tied" if f["tied"] else "-"]
-            for f in finalists]
-    return ("<h4>Finalists, timed whole</h4>"
+             ", ".join(_s(t) for t in times) or "from the database", "tied" if f["tied"] else "-"]
+            for i, (f, times) in enumerate(zip(finalists, timings), 1)]
+    unit, scale = _unit(min(f["end_to_end_s"] for f in finalists))
+    strips = [Strip(f"{i}. {f['kernels'] if f['kernels'] is not None else '?'} kernels",
+                    [t * scale for t in times], f["end_to_end_s"] * scale,
+                    "#000000" if f["key"] == r["winner"] else PALETTE[2] if f["tied"] else "#999999")
+              for i, (f, times) in enumerate(zip(finalists, timings), 1)]
+    chart = strip_chart(strips, f"{r['label']}: finalists' rounds (black: the winner; green: tied with the "
+                        "fastest; grey: slower; a tick: the median)", unit)
+    return ("<h4>Finalists, timed whole</h4>" + chart
             + _table(["finalist", "kernels", "end to end (median round)", "rounds", "tied with the fastest"], rows))
 
 

@@ -1,5 +1,6 @@
-"""The compile report's charts, drawn as inline SVG: step lines (a search's best time so far) and
-horizontal bars (kernel times, e-graph sizes). No scripts, fonts or files from anywhere else."""
+"""The compile report's charts, drawn as inline SVG: step lines (a search's best time so far),
+horizontal bars (kernel times, e-graph sizes) and strips of dots (each finalist's timing rounds).
+No scripts, fonts or files from anywhere else."""
 from __future__ import annotations
 
 import math
@@ -23,6 +24,14 @@ class Bar:
     label: str
     value: float
     text: str                             # printed after the bar
+    color: str = PALETTE[0]
+
+
+@dataclass
+class Strip:
+    label: str
+    values: list[float]                   # one dot each
+    mark: float                           # drawn as a tick across the strip (a median)
     color: str = PALETTE[0]
 
 
@@ -121,6 +130,42 @@ def bar_chart(bars: list[Bar], title: str, width: int = 720, label_width: int = 
                    f'<rect x="{label_width}" y="{y + 2}" width="{max(w, 1):.1f}" height="{row - 4}" '
                    f'fill="{b.color}"/><text x="{label_width + w + 4:.1f}" y="{y + 11}">'
                    f'{escape(b.text)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def strip_chart(strips: list[Strip], title: str, x_label: str, width: int = 720, label_width: int = 190) -> str:
+    """One row per strip: each value a dot, its mark a tick. The axis spans the dots up to 1.5x
+    the largest mark; a dot beyond it (a spell of load) sits on the right edge as a triangle."""
+    values = [v for s in strips for v in s.values if math.isfinite(v)]
+    if not values:
+        return _empty(title, width, "nothing to show")
+    row, top, right, bottom = 18, 22, 16, 34
+    height = top + row * len(strips) + bottom
+    xt = ticks(min(values), min(max(values), 1.5 * max(s.mark for s in strips)))
+
+    def sx(x: float) -> float:
+        return label_width + (width - label_width - right) * (x - xt[0]) / (xt[-1] - xt[0])
+
+    out = [_open(width, height, title), f'<text x="0" y="14" font-weight="bold">{escape(title)}</text>']
+    for v, label in zip(xt, _labels(xt)):
+        out.append(f'<line x1="{sx(v):.1f}" y1="{top}" x2="{sx(v):.1f}" y2="{height - bottom}" stroke="#e4e4e4"/>'
+                   f'<text x="{sx(v):.1f}" y="{height - bottom + 14}" text-anchor="middle">{label}</text>')
+    out.append(f'<text x="{(label_width + width - right) / 2}" y="{height - 4}" text-anchor="middle">'
+               f'{escape(x_label)}</text>')
+    for i, s in enumerate(strips):
+        y = top + i * row + row / 2
+        out.append(f'<text x="{label_width - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(_clip(s.label, 32))}</text>')
+        for v in s.values:
+            if v > xt[-1]:
+                x = sx(xt[-1])
+                out.append(f'<polygon points="{x - 6:.1f},{y - 4:.1f} {x:.1f},{y:.1f} {x - 6:.1f},{y + 4:.1f}" '
+                           f'fill="{s.color}"/>')
+            elif math.isfinite(v):
+                out.append(f'<circle cx="{sx(v):.1f}" cy="{y:.1f}" r="3" fill="{s.color}" fill-opacity="0.6"/>')
+        if math.isfinite(s.mark):
+            out.append(f'<line x1="{sx(s.mark):.1f}" y1="{y - 7:.1f}" x2="{sx(s.mark):.1f}" y2="{y + 7:.1f}" '
+                       f'stroke="#000000" stroke-width="2"/>')
     out.append("</svg>")
     return "\n".join(out)
 

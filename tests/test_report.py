@@ -84,6 +84,11 @@ def test_page_shows_the_search_kernels_stages_and_hardware(compiled, page):
             won = next(f for f in finalists if f["key"] == region["winner"])
             assert won["tied"] and won["end_to_end_s"] == region["end_to_end_s"]
             assert f"<code>{escape(won['key'])}</code> <b>(winner)</b>" in html
+            # ... and their rounds drawn, a strip a finalist, the winner's dots black
+            chart = html[html.index(f"{escape(region['label'])}: finalists&#x27; rounds"):]
+            chart = chart[:chart.index("</svg>")]
+            assert chart.count('<circle') + chart.count('<polygon') == sum(len(f["rounds"]) for f in finalists)
+            assert chart.count('fill="#000000"') == len(won["rounds"])
             # a region whose run whole differs from its kernels' sum says why
             ratio = region["end_to_end_s"] / region["estimate_s"]
             if not 2 / 3 < ratio < 3 / 2:
