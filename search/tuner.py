@@ -11,6 +11,7 @@ a program into kernels (its fusion policy). A resumed compile finds every finish
 the journal and measures it again never."""
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -43,17 +44,24 @@ FEWER_KERNELS = 3
 # the finalists are timed in turn, a few runs each (a round), this many rounds, each finalist first
 # in its turn; its median round counts, and it is compared with the fastest round by round
 TIMING_ROUNDS = 10
-# finalists this close to the fastest, by the median of their ratios to it round by round, are as
-# fast as the timing can tell apart, and the one of fewest kernels wins (it leaves the least to
-# what lies between kernels in a whole step). Load on a shared machine comes in spells: on the
-# 2-core VM the same SmolLM2 decode artifact benched 57.7 and 82.5 tok/s minutes apart, and when
-# each finalist was timed ten runs at a time, three passes, one compile timed the same layers 362
-# to 565 us a pass and another its two fastest 65% slower in their first pass than in their next
-# two, so that which program of 4 to 17 kernels won (all moving the same bytes; one process timing
-# them 200 runs each put them within 12% of each other, and the same policy 12% apart in two
-# runs) depended on which of them a spell hit. A round a few runs long puts each finalist beside
-# the fastest within milliseconds, under the same spell
+# a finalist is as fast as the timing can tell apart from the fastest (by its median round) unless
+# it ran more than TIE_CLOSE slower in so many of the rounds they shared that chance would make
+# that many less than once in 1/SLOWER_CHANCE (a sign test); the one of fewest kernels among those
+# wins (it leaves the least to what lies between kernels in a whole step). One whose median ratio
+# to the fastest exceeds TIE_CLOSE without that many rounds is timed again beside the fastest, up
+# to MORE_ROUNDS more rounds, until they show it slower or it is left tied. Load on a shared
+# machine comes in spells: on the 2-core VM the same SmolLM2 decode artifact benched 57.7 and 82.5
+# tok/s minutes apart, and when each finalist was timed ten runs at a time, three passes, one
+# compile timed the same layers 362 to 565 us a pass and another its two fastest 65% slower in
+# their first pass than in their next two, so that which program of 4 to 17 kernels won (all
+# moving the same bytes; one process timing them 200 runs each put them within 12% of each other,
+# and the same policy 12% apart in two runs) depended on which of them a spell hit. A round a few
+# runs long puts each finalist beside the fastest within milliseconds, under the same spell; yet
+# with the VM loaded by other work the middle half of a finalist's ratios to the fastest still
+# spread 0.87-1.13 over ten rounds (0.98-1.05 on a quiet VM, 0.99-1.01 on an H100)
 TIE_CLOSE = 0.03
+SLOWER_CHANCE = 0.05
+MORE_ROUNDS = 30
 BATCH = 8                      # candidates drawn per round
 
 
@@ -320,7 +328,7 @@ class RegionTuner:
         # median round counts. Its best would let one fast spell decide the other way: on the
         # 2-core VM a program timed 257 us whole once, 17% below every other finalist, ran about
         # 308 us a layer in the step the bench timed next
-        seconds, rounds = {}, {}
+        seconds = {}
         for row in finalists:
             record = self.db.candidate(self.compile_id, self.region, row[1])
             if record and record.end_to_end_s:
@@ -330,16 +338,21 @@ class RegionTuner:
         timers, crashed = {}, {}
         for estimate, key, variant, outputs, genome in untimed:
             timers[key], crashed[key] = _guarded(lambda: self.end_to_end(outputs, variant))
-        for turn in range(TIMING_ROUNDS):
-            live = [key for key, timer in timers.items() if not crashed[key]]
-            for key in live[turn % len(live):] + live[:turn % len(live)] if live else ():
+        timed = {key: {} for key in timers if not crashed[key]}       # key -> {round: seconds}
+        for turn in range(TIMING_ROUNDS + MORE_ROUNDS):
+            live = [key for key in timed if not crashed[key]]
+            if live and turn >= TIMING_ROUNDS:     # then the fastest, and those undecided beside it
+                fastest = min(live, key=lambda key: statistics.median(timed[key].values()))
+                live = [fastest] + [key for key in live if _verdict(timed[key], timed[fastest]) == UNDECIDED]
+            if len(live) < (2 if turn >= TIMING_ROUNDS else 1):
+                break
+            for key in live[turn % len(live):] + live[:turn % len(live)]:
                 # (out of memory on a GPU the workers share): the finalist, not the compile
-                took, crashed[key] = _guarded(timers[key])
-                rounds.setdefault(key, []).append(took)
+                timed[key][turn], crashed[key] = _guarded(timers[key])
         timers.clear()            # each holds a built program: its memory goes before the next region's
         crashed = {key: detail for key, detail in crashed.items() if detail}
-        seconds |= {key: statistics.median(times) for key, times in rounds.items() if key not in crashed}
-        rounds = {key: times for key, times in rounds.items() if key not in crashed}
+        timed = {key: rounds for key, rounds in timed.items() if key not in crashed}
+        seconds |= {key: statistics.median(rounds.values()) for key, rounds in timed.items()}
         for estimate, key, *_ in untimed:
             self.db.record_candidate(self.compile_id, self.region, key, "crash" if key in crashed else "ok",
                                      estimate, end_to_end_s=seconds.get(key),
@@ -347,22 +360,35 @@ class RegionTuner:
         if not seconds:
             raise KilnError(f"kiln: every finalist of region {self.progress.region} crashed when timed end to "
                             f"end; the first: {next(iter(crashed.values()))}")
-        tied = _tied(seconds, rounds)
+        tied = _tied(seconds, timed)
         estimate, key, variant, outputs, genome = min((row for row in finalists if row[1] in tied), key=lambda row: (
             self.outcomes[row[1]].kernels or float("inf"), seconds[row[1]]))
-        timed = [Finalist(row[1], self.outcomes[row[1]].kernels, seconds[row[1]], rounds.get(row[1], []),
+        timed = [Finalist(row[1], self.outcomes[row[1]].kernels, seconds[row[1]], list(timed.get(row[1], {}).values()),
                           row[1] in tied) for row in finalists if row[1] in seconds]
         return Winner(key, variant, outputs, estimate, seconds[key], self.progress, genome, seconds.get(as_lowered),
                       sorted(timed, key=lambda f: f.end_to_end_s))
 
 
-def _tied(seconds: dict[str, float], rounds: dict[str, list[float]]) -> set[str]:
-    """The finalists the timing cannot tell from the fastest (by its median round): within
-    TIE_CLOSE of it by the median of their ratios to it round by round (by their medians where
-    the database held a time and no round was timed)."""
-    fastest = min(seconds, key=seconds.get)
+TIED, SLOWER, UNDECIDED = "tied", "slower", "undecided"
 
-    def ratio(key: str) -> float:
-        paired = [mine / theirs for mine, theirs in zip(rounds.get(key, []), rounds.get(fastest, []))]
-        return statistics.median(paired) if paired else seconds[key] / seconds[fastest]
-    return {key for key in seconds if ratio(key) <= 1 + TIE_CLOSE}
+
+def _verdict(mine: dict[int, float], fastest: dict[int, float]) -> str:
+    """A finalist's rounds beside the fastest's (by round): SLOWER where it ran more than
+    TIE_CLOSE slower in so many of their shared rounds that chance would give that many less than
+    SLOWER_CHANCE of the time; else UNDECIDED where its median ratio to the fastest is above
+    1 + TIE_CLOSE, TIED where not."""
+    ratios = [mine[turn] / fastest[turn] for turn in mine if turn in fastest]
+    n, k = len(ratios), sum(ratio > 1 + TIE_CLOSE for ratio in ratios)
+    if n and sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n < SLOWER_CHANCE:
+        return SLOWER
+    return UNDECIDED if n and statistics.median(ratios) > 1 + TIE_CLOSE else TIED
+
+
+def _tied(seconds: dict[str, float], timed: dict[str, dict[int, float]]) -> set[str]:
+    """The finalists the timing cannot tell from the fastest (by its median round): those its
+    rounds do not show slower (_verdict), or, where the database held a time and no round was
+    timed, within TIE_CLOSE of it by their medians."""
+    fastest = min(seconds, key=seconds.get)
+    return {key for key, s in seconds.items()
+            if (_verdict(timed[key], timed[fastest]) != SLOWER if key in timed and fastest in timed
+                else s <= seconds[fastest] * (1 + TIE_CLOSE))}

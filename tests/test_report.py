@@ -85,7 +85,8 @@ def test_page_shows_the_search_kernels_stages_and_hardware(compiled, page):
             assert won["tied"] and won["end_to_end_s"] == region["end_to_end_s"]
             assert f"<code>{escape(won['key'])}</code> <b>(winner)</b>" in html
             # ... and their rounds drawn, a strip a finalist, the winner's dots black
-            chart = html[html.index(f"{escape(region['label'])}: finalists&#x27; rounds"):]
+            section = html[html.index(f"Graph {name}"):]
+            chart = section[section.index(f"{escape(region['label'])}: finalists&#x27; rounds"):]
             chart = chart[:chart.index("</svg>")]
             assert chart.count('<circle') + chart.count('<polygon') == sum(len(f["rounds"]) for f in finalists)
             assert chart.count('fill="#000000"') == len(won["rounds"])

@@ -1,4 +1,5 @@
 """The region tuner's loop: a resumed compile's search finds again what the interrupted one measured."""
+import itertools
 import time
 
 import pytest
@@ -6,7 +7,7 @@ import pytest
 from kiln import KilnError
 from kiln.search.budget import Deadline
 from kiln.search.saturate import Limits, saturate
-from kiln.search.tuner import TIMING_ROUNDS, Outcome, RegionTuner
+from kiln.search.tuner import MORE_ROUNDS, TIMING_ROUNDS, Outcome, RegionTuner
 from kiln.search.tunedb import TuneDB
 from kiln.tests.test_saturate import long_sum, with_associativity
 
@@ -201,32 +202,39 @@ def test_a_program_of_fewer_kernels_within_the_timings_noise_of_the_fastest_wins
     assert winner.variant == wins
 
 
-STEADY = (2.0e-6,) * TIMING_ROUNDS
+def steady(turn: int) -> float:
+    return 2.0e-6
 
 
 def spells(*slowed: int, by: float = 1.5):
-    """Rounds of 2 us with the rounds `slowed` (a spell of load) `by` times slower."""
-    return tuple(2.0e-6 * (by if i in slowed else 1.0) for i in range(TIMING_ROUNDS))
+    """2 us a round, the rounds `slowed` (a spell of load) `by` times slower."""
+    return lambda turn: 2.0e-6 * (by if turn in slowed else 1.0)
 
 
-def times(ratio: float, rounds: tuple) -> tuple:
-    return tuple(ratio * t for t in rounds)
+def times(ratio: float, rounds):
+    return lambda turn: ratio * rounds(turn)
 
 
-@pytest.mark.parametrize("many_rounds, fewer_rounds, wins", [
-    (STEADY, times(1.02, STEADY), "b"),                     # 2% slower in every round: a tie
-    (STEADY, times(1.05, STEADY), "a"),                     # 5% slower in every round: slower
+@pytest.mark.parametrize("many, fewer, wins, rounds", [
+    (steady, times(1.02, steady), "b", TIMING_ROUNDS),          # 2% slower in every round: a tie
+    (steady, times(1.05, steady), "a", TIMING_ROUNDS),          # 5% slower in every round: slower
     # a spell slowed the first two rounds of both, and four more of b's (as the load rose while
     # its runs came): b, 2% slower round by round in the rest, ties, though its median is 53% slower
-    (spells(0, 1), times(1.02, spells(0, 1, 2, 3, 4, 5)), "b"),
-    # spells slowing a's rounds alone: b beat a there, 5% slower in the rest, and stays slower
-    (spells(0, 1, 2, 3), times(1.05, STEADY), "a"),
+    (spells(0, 1), times(1.02, spells(0, 1, 2, 3, 4, 5)), "b", TIMING_ROUNDS),
+    # spells slowing both (each slows the rounds of that time): a tie, b's median 2% above a's
+    (spells(3, 4, 5, 6), times(1.02, spells(3, 4, 5, 6)), "b", TIMING_ROUNDS),
     # spells slowing b's rounds alone: as fast as a in the rest, a tie
-    (STEADY, spells(7, 8, 9, by=3.0), "b"),
+    (steady, spells(7, 8, 9, by=3.0), "b", TIMING_ROUNDS),
+    # spells slowing a's first four rounds alone: b, 5% slower in the six others, beat a in those
+    # four, which leaves it undecided; timed again beside a, it shows slower in six more rounds
+    (spells(0, 1, 2, 3), times(1.05, steady), "a", TIMING_ROUNDS + 6),
+    # 10% faster and 20% slower by turns: its median ratio 5% above, yet slower in only half the
+    # rounds; every further round leaves it so, and after them all it ties
+    (steady, lambda turn: 2.0e-6 * (0.9 if turn % 2 else 1.2), "b", TIMING_ROUNDS + MORE_ROUNDS),
 ])
-def test_a_program_of_fewer_kernels_wins_where_round_by_round_it_ran_as_fast_as_the_fastest(
-        tmp_path, many_rounds, fewer_rounds, wins):
-    """Policy a makes 27 kernels and runs `many_rounds` whole; b makes 4 and runs `fewer_rounds`
+def test_a_program_of_fewer_kernels_wins_unless_its_rounds_show_it_slower_than_the_fastest(
+        tmp_path, many, fewer, wins, rounds):
+    """Policy a makes 27 kernels and runs `many(round)` whole; b makes 4 and runs `fewer(round)`
     (a loaded 2-core VM's spells). The report lists every finalist with its rounds and whether
     it tied."""
     program = [long_sum(6)]
@@ -234,8 +242,8 @@ def test_a_program_of_fewer_kernels_wins_where_round_by_round_it_ran_as_fast_as_
     policies = {"a": (1.00e-6, 27), "b": (1.05e-6, 4)}
 
     def end_to_end(outputs, variant):
-        rounds = iter(many_rounds if variant == "a" else fewer_rounds)
-        return lambda: next(rounds)
+        turns = itertools.count()
+        return lambda: (many if variant == "a" else fewer)(next(turns))
 
     with TuneDB(tmp_path / "tune.sqlite") as db:
         tuner = RegionTuner("r", "layer", program, saturated, list(policies),
@@ -245,7 +253,7 @@ def test_a_program_of_fewer_kernels_wins_where_round_by_round_it_ran_as_fast_as_
         winner = tuner.run(Deadline(60), max_candidates=12)
     assert winner.variant == wins
     by_policy = {f.key.rsplit("/", 1)[1]: f for f in winner.finalists}
-    assert by_policy["b"].rounds == list(fewer_rounds) and by_policy["b"].kernels == 4
+    assert by_policy["b"].rounds == [fewer(turn) for turn in range(rounds)] and by_policy["b"].kernels == 4
     assert by_policy["b"].tied == (wins == "b") and by_policy["a"].tied
     assert [f.end_to_end_s for f in winner.finalists] == sorted(f.end_to_end_s for f in winner.finalists)
 
