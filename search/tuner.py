@@ -58,7 +58,7 @@ TIMING_ROUNDS = 10
 # and the same policy 12% apart in two runs) depended on which of them a spell hit. A round a few
 # runs long puts each finalist beside the fastest within milliseconds, under the same spell; yet
 # with the VM loaded by other work the middle half of a finalist's ratios to the fastest still
-# spread 0.87-1.13 over ten rounds (0.98-1.05 on a quiet VM, 0.99-1.01 on an H100)
+# spanned 13-26% over ten rounds (3-9% on a quiet VM, 1% on an H100)
 TIE_CLOSE = 0.03
 SLOWER_CHANCE = 0.05
 MORE_ROUNDS = 30
