@@ -63,7 +63,7 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
     for k, token in enumerate(steps):
         args = decode_args(decode_graph.graph, np.array([[token]]), prompt_len + k, caches)
         if k == len(steps) // 2:     # the middle step's kernels, in steps then alone (not a timed step)
-            in_step_sum = kernel_times_in_step(decode_graph, args)
+            in_step = kernel_times_in_step(decode_graph, args)
             kernel_sum, logits = kernel_times(decode_graph, args)
             kiln_logits.append(logits[0])
             continue
@@ -91,7 +91,7 @@ def measure(artifact: str, spec: str, tokens: int, prompt_len: int, seed: int = 
         "model": spec, "artifact": artifact, "max_seq": info["max_seq"], "prompt_tokens": prompt_len,
         "decode_tokens_timed": tokens,
         "kiln_decode_tokens_per_s": 1 / decode_s,
-        **decode_launch_figures(compiled, decode_s, kernel_sum, in_step_sum),
+        **decode_launch_figures(compiled, decode_s, kernel_sum, in_step),
         "eager_decode_tokens_per_s": 1 / statistics.median(eager_decode[warm]),
         "kiln_prefill_tokens_per_s": prompt_len / kiln_prefill,
         "eager_prefill_tokens_per_s": prompt_len / eager_prefill,
@@ -153,46 +153,52 @@ def kernel_times(graph: CompiledGraph, args: list) -> tuple[float, list]:
     return sum(total), outputs
 
 
-def kernel_times_in_step(graph: CompiledGraph, args: list, steps: int = 5) -> float | None:
+def kernel_times_in_step(graph: CompiledGraph, args: list, steps: int = 5) -> tuple[float, float] | None:
     """Decode steps as they deploy (a replayed recording; `steps` of them, all on `args`: the
     same cache writes), their regions' runners timing each kernel where it runs
     (runtime/cpu_region.py: `timing`): the median over the steps of the sum of a step's kernels'
     wall times, each taken between the others and reading its weights as a step does (cold, in a
-    stream across the whole model). None where a region has no runner (the GPU's graphs)."""
+    stream across the whole model), and the median over the same steps of a step's wall time over
+    its kernels' sum (so that a spell of load on the host slows both sides of the ratio alike).
+    None where a region has no runner (the GPU's graphs)."""
     if any(ex.runner is None for ex in graph.executors):
         return None
     seconds = [(ctypes.c_double * max(1, len(ex.sources)))() for ex in graph.executors]
     for executor, kept in zip(graph.executors, seconds):
         executor.runner.timing(kept)
     graph.forget_recordings()         # the next step records the timed runners, then replays them
-    sums = []
+    sums, ratios = [], []
     try:
+        graph(*args)                  # the recording
         for _ in range(steps):
+            start = time.perf_counter()
             graph(*args)
+            wall = time.perf_counter() - start
             sums.append(sum(sum(kept) for kept in seconds))
+            ratios.append(wall / sums[-1])
     finally:
         for executor in graph.executors:
             executor.runner.timing(None)
         graph.forget_recordings()
-    return statistics.median(sums)
+    return statistics.median(sums), statistics.median(ratios)
 
 
 def decode_launch_figures(compiled: CompiledModel, step_s: float, kernel_sum: float,
-                          in_step_sum: float | None = None) -> dict:
+                          in_step: tuple[float, float] | None = None) -> dict:
     """The decode step's measured time beside the sum of its kernels' times, each timed alone in
     this run (kernel_times), and where the backend can, as they ran in a step (kernel_times_in_step):
-    the step over the latter is the share lost between and around kernels (kernels timed alone
-    read weights just flushed from the caches, which this VM serves at up to twice the rate of a
-    step's stream across the model). Also the kernels and C calls a token takes (one call where
+    those steps' wall time over that sum is the share lost between and around kernels (kernels
+    timed alone read weights just flushed from the caches, which this VM serves at up to twice the
+    rate of a step's stream across the model). Also the kernels and C calls a token takes (one call where
     the step replays a recording), and the kernels by kind (the op a kernel computes last)."""
     decode = compiled.graphs["decode"]
     kinds = Counter(k.label.split("[")[0] for ex in decode.executors for k in ex.program.kernels)
     calls = 1 if decode.replayed else sum(ex.runner.steps + ex.runner.library_calls if ex.runner
                                           else len(ex.program.kernels) for ex in decode.executors)
-    in_step = ({"kiln_decode_kernel_sum_in_step_s": in_step_sum,
-                "kiln_decode_step_over_kernel_sum_in_step": step_s / in_step_sum} if in_step_sum else {})
+    timed_in_step = ({"kiln_decode_kernel_sum_in_step_s": in_step[0],
+                      "kiln_decode_step_over_kernel_sum_in_step": in_step[1]} if in_step else {})
     return {"kiln_decode_step_s": step_s, "kiln_decode_kernel_sum_s": kernel_sum,
-            "kiln_decode_step_over_kernel_sum": step_s / kernel_sum, **in_step,
+            "kiln_decode_step_over_kernel_sum": step_s / kernel_sum, **timed_in_step,
             "kiln_kernels_per_token": decode.kernel_count, "kiln_launches_per_token": calls,
             "kiln_decode_replayed": decode.replayed,
             "kiln_decode_kernel_kinds": dict(kinds.most_common())}
@@ -228,7 +234,8 @@ def run_compiled_bench(artifact: str, spec: str, tokens: int, prompt_len: int,
     console.print(f"Kiln decode step {r['kiln_decode_step_s'] * 1e3:.2f} ms end to end; the middle step's "
                   "kernels "
                   + (f"timed where they ran, in replayed steps, sum to {in_step * 1e3:.2f} ms (the median "
-                     f"step), {r['kiln_decode_step_over_kernel_sum_in_step']:.2f}x; each timed alone, its "
+                     f"step), those steps taking {r['kiln_decode_step_over_kernel_sum_in_step']:.2f}x their "
+                     "kernels' sum; each timed alone, its "
                      "weights flushed, " if in_step else "each timed alone sum ")
                   + f"to {r['kiln_decode_kernel_sum_s'] * 1e3:.2f} ms, "
                   f"{r['kiln_decode_step_over_kernel_sum']:.2f}x; {r['kiln_kernels_per_token']} kernels in "

@@ -147,8 +147,9 @@ def test_the_bench_puts_the_kernel_sum_beside_the_decode_step(tiny):
     assert figures["kiln_decode_replayed"] and figures["kiln_launches_per_token"] == 1
     assert 0 < kernel_sum == figures["kiln_decode_kernel_sum_s"]
     assert figures["kiln_decode_step_over_kernel_sum"] == 0.5 / kernel_sum
-    assert 0 < in_step == figures["kiln_decode_kernel_sum_in_step_s"]
-    assert figures["kiln_decode_step_over_kernel_sum_in_step"] == 0.5 / in_step
+    # the steps timed kernel by kernel took at least their kernels' sum (their wall time holds it)
+    assert 0 < in_step[0] == figures["kiln_decode_kernel_sum_in_step_s"]
+    assert 1 <= in_step[1] == figures["kiln_decode_step_over_kernel_sum_in_step"]
 
 
 def _modules_after(code: str, *args: str) -> set[str]:
