@@ -17,91 +17,15 @@ from ..ir.ops import ELEMENTWISE, IOTA_INDEX, REDUCE, VIEWS, Op
 from ..ir.symbolic import Expr, prod, sym
 from .attention import as_attention
 from .heads import split_by_heads
-from .packing import Packing
 from .index import interval, linear, reshape_index, substitute
-from .kernel import (Apply, alpha_canonical, Bind, bound_names, BufferArg, Const, InRange, IndexValue, Kernel, Load, Reduce,
-                     Scalar, Write, inner_vars, load_counts, nodes, renamed, row_reductions, split_reductions)
+from .kernel import Apply, Bind, BufferArg, Const, InRange, IndexValue, Kernel, Load, Reduce, Scalar, load_counts, nodes
+from .merged import MERGED_READERS, combined, merged_well, rows_well, sums_partials_well
+from .packing import Packing
+from .policy import FusionPolicy
 
-
-@dataclass(frozen=True)
-class FusionPolicy:
-    """How much elementwise work may be recomputed instead of stored: `inline_limit` ops for a
-    value several kernels read, `broadcast_limit` for one read under a broadcast (recomputed for
-    every broadcast element, e.g. an activation feeding a matrix product). `epilogues`: a
-    reduction whose only reader is an elementwise chain ending in a kernel of the same points runs
-    inside that kernel (a GEMV and its cast, residual add or KV-cache write as one kernel), at the
-    price of the library call: a product with an epilogue is a generated kernel. `merges`: a
-    reduction runs inside every kernel that reads it wherever each needs it once per point, not
-    once per step of its own loop (the norm's sum of squares inside the GEMVs that read the
-    normalized row, softmax's max and sum inside the P.V product, gate and up in the kernel of
-    their product), and kernels of equal points that need nothing of each other launch as one (the
-    K and V cache writes): fewer kernels, for work repeated at every point of the reader. `rows`:
-    a reduction runs inside the kernels that read it wherever each reads it once per row (all its
-    output loops but the last), as does a per-row value it feeds (the norm's reciprocal): a
-    backend runs such a kernel a row at a time, the row's reductions once (softmax's any, max and
-    sum, then its probabilities; a norm's sum of squares, then its normalized row), and the
-    kernels of the products around it stay plain (library calls); and a value read only through a
-    permutation is stored permuted; with `merges` too, a reduction merges into no kernel that
-    reduces over a length known only at run time (P.V over decode's window) unless the merged
-    kernel keeps one reduction: softmax's max and sum merge into its probabilities, a row kernel,
-    and P.V stays one loop that a backend can split among blocks over a long context
-    (flash-decoding's split; the merged form reads a 3,900-long window at 88 GB/s on the H200).
-    `attention`: a product whose operand is a row kernel (softmax)
-    takes in that kernel and every wide (f32) kernel behind it up to 16-bit values (the scores,
-    the scaled query and keys), where the result is fused attention (codegen/attention.py): one
-    pass over the keys, no scores stored; in decode, one query a head, its keys split among
-    blocks on the GPU (codegen/cuda_decode_attention.py). An f32 model's decode attention stops
-    instead at the scores' operands and the caches' updates; with `merges`, the query's projection
-    then merges into the kernel its rotary became. `rereads` (with `merges`): a merge may
-    compute at a point a product that another point computes too (the rotary's partner row: the
-    query projection inside its rotary reads every weight row twice, once for each point of a
-    pair), one kernel fewer for twice the weight's bytes; without it that product is stored.
-    `heads` (the CPU's; with `merges` and `rows`): the output projection split by head
-    (codegen/heads.py), each head's partial takes in every kernel behind it up to the caches'
-    updates (the query's projection and rotary, the scores, softmax, P.V), and the partials' sum
-    runs in the kernels reading it: a decode layer's attention is one kernel of a head an
-    iteration, its rows (the query, the head's output) staged per head. A GPU would run it on
-    as many blocks as heads, too few."""
-    inline_limit: int = 12
-    broadcast_limit: int = 1
-    epilogues: bool = False
-    merges: bool = False
-    rows: bool = False
-    attention: bool = False
-    rereads: bool = True
-    heads: bool = False
-
-    @property
-    def backends(self) -> tuple[str, ...]:
-        return ("cpu",) if self.heads else ("cpu", "cuda")
-
-    def key(self) -> str:
-        return (f"inline{self.inline_limit}-bcast{self.broadcast_limit}"
-                + ("-epilogue" if self.epilogues else "") + ("-merge" if self.merges else "")
-                + ("-rows" if self.rows else "") + ("-attention" if self.attention else "")
-                + ("" if self.rereads else "-once") + ("-heads" if self.heads else ""))
-
-
-# the fusion policies the search chooses among, by name (a tuner "variant")
-POLICIES = {p.key(): p for p in (FusionPolicy(12, 1), FusionPolicy(12, 1, epilogues=True),
-                                  FusionPolicy(4, 0), FusionPolicy(32, 3, epilogues=True),
-                                  FusionPolicy(64, 16, epilogues=True), FusionPolicy(12, 1, rows=True),
-                                  FusionPolicy(12, 1, rows=True, attention=True),
-                                  FusionPolicy(64, 16, epilogues=True, merges=True),
-                                  FusionPolicy(64, 16, epilogues=True, merges=True, rows=True),
-                                  FusionPolicy(64, 16, epilogues=True, merges=True, rows=True, attention=True),
-                                  FusionPolicy(64, 16, epilogues=True, merges=True, rows=True, attention=True,
-                                               rereads=False),
-                                  FusionPolicy(64, 16, epilogues=True, merges=True, rows=True, heads=True))}
 
 _ROUNDED = (DType.BF16, DType.F16)
 
-# the most reductions one merged kernel holds (a GEMV with its norm, softmax's max, sum and
-# P.V with the fully-masked guard) and the most kernels one reduction merges into (Q, K and V)
-MERGED_PER_KERNEL = 4
-MERGED_READERS = 3
-# the longest sum a merge may repeat at each step of a reduction around it (heads' partials)
-SHORT_SUM = 64
 
 
 @dataclass
@@ -171,7 +95,7 @@ class _Scheduler:
                 if alias:
                     aliases[name] = alias
         if self.policy.merges:
-            kernels = _combined(kernels, aliases)
+            kernels = combined(kernels, aliases)
         outputs = [self.buffer_of[id(n)] for n in self.graph.outputs]
         nodes = {name: n for n in self.order if (name := self.buffer_of.get(id(n)))}
         return Program(self.buffers, kernels, outputs, inputs, weights, dict(self.graph.symbols),
@@ -244,7 +168,7 @@ class _Scheduler:
                 readers = self._reader_kernels(total, roots)
                 trial = roots - {id(total)}
                 if 0 < len(readers) <= MERGED_READERS and all(
-                        _sums_partials_well(self._trial_kernel(reader, trial)) for reader in readers):
+                        sums_partials_well(self._trial_kernel(reader, trial)) for reader in readers):
                     roots = trial
         return roots
 
@@ -364,7 +288,7 @@ class _Scheduler:
                 readers = self._reader_kernels(node, roots)
                 trial = roots - {id(node)}
                 if 0 < len(readers) <= MERGED_READERS and all(
-                        _rows_well(self._trial_kernel(reader, trial)) for reader in readers):
+                        rows_well(self._trial_kernel(reader, trial)) for reader in readers):
                     roots, changed = trial, True
         return roots
 
@@ -382,7 +306,7 @@ class _Scheduler:
                 continue
             trial = roots - {id(node)}
             if 0 < len(readers) <= MERGED_READERS and all(
-                    _merged_well(kernel := self._trial_kernel(reader, trial), splittable=self.policy.rows)
+                    merged_well(kernel := self._trial_kernel(reader, trial), splittable=self.policy.rows)
                     and (self.policy.rereads or not self._rereads_weights(kernel)) for reader in readers):
                 roots = trial
         return roots
@@ -641,87 +565,6 @@ class _Scheduler:
                               node.dtype)
             return value
         raise NotImplementedError(f"no kernel lowering for view {op.value}")
-
-
-def _combined(kernels: list[Kernel], aliases: dict[str, str]) -> list[Kernel]:
-    """Each kernel joined, once, to the first later one of the same points where neither needs
-    what the other writes: the pair runs as one kernel at the place of the one that can move to
-    the other's past every kernel between them (nothing between writes what it reads, reads or
-    writes what it writes)."""
-    def names(buffers) -> set[str]:
-        return {aliases.get(b.name, b.name) for b in buffers}
-
-    def touches(kernel: Kernel, reads: set[str], writes: set[str]) -> bool:
-        """Whether `kernel` cannot be crossed by one that reads `reads` and writes `writes`."""
-        return bool(names(kernel.outputs) & (reads | writes) or names(kernel.inputs) & writes)
-
-    out, i = list(kernels), 0
-    while i < len(out):
-        first = out[i]
-        for j in range(i + 1, len(out)):
-            later = out[j]
-            if first.also or later.also or not _same_points(first, later) or touches(
-                    later, names(first.inputs), names(first.outputs)):
-                continue
-            between = out[i + 1:j]
-            up = not any(touches(k, names(later.inputs), names(later.outputs)) for k in between)
-            down = not any(touches(k, names(first.inputs), names(first.outputs)) for k in between)
-            if up or down:
-                joined = _joined(first, later)
-                del out[j]
-                out[i] = joined
-                if not up:                      # at the later one's place
-                    out.insert(j - 1, out.pop(i))
-                break
-        i += 1
-    return out
-
-
-def _same_points(a: Kernel, b: Kernel) -> bool:
-    return [e for _, e in a.loops] == [e for _, e in b.loops]
-
-
-def _joined(a: Kernel, b: Kernel) -> Kernel:
-    """One kernel over a's loops writing a's output and b's: b's loop variables renamed to a's,
-    its reduction and bind variables given names of their own."""
-    names = {vb: va for (va, _), (vb, _) in zip(a.loops, b.loops)}
-    for var in inner_vars(b.value):
-        names[var] = f"{var}b"
-    # a reduction both compute (the norm's sum of squares that Q and K both read) runs once;
-    # the reductions inside it may differ in their names alone (heads' partials summed in both)
-    once_a = {alpha_canonical(r): r for r in split_reductions(a.value)[0]}
-    for reduce in split_reductions(b.value)[0]:
-        twin = once_a.get(alpha_canonical(renamed(reduce, names)))
-        if twin is not None:
-            names.update(bound_names(twin, reduce))
-    value, store = renamed(b.value, names), substitute(b.store, {k: sym(v) for k, v in names.items()})
-    inputs = {x.name: x for x in (*a.inputs, *b.inputs)}
-    bounds = dict.fromkeys(sorted({*a.bounds, *b.bounds}))
-    return Kernel(a.output, tuple(inputs.values()), a.loops, a.store, a.value,
-                  tuple(sorted({*a.symbols, *b.symbols})), tuple(bounds), f"{a.label}+{b.label}",
-                  also=(Write(b.output, store, value),))
-
-
-def _rows_well(kernel: Kernel) -> bool:
-    per_row = row_reductions(kernel)
-    return per_row is not None and len(per_row) <= MERGED_PER_KERNEL
-
-
-def _merged_well(kernel: Kernel, splittable: bool = False) -> bool:
-    """Whether a kernel's reductions each run once per point, and few; `splittable`: and one
-    only where one runs over a length known only at run time."""
-    once, repeated = split_reductions(kernel.value)
-    if splittable and len(once) > 1 and any(not r.extent.is_const for r in once):
-        return False
-    return not repeated and len(once) <= MERGED_PER_KERNEL
-
-
-def _sums_partials_well(kernel: Kernel) -> bool:
-    """_merged_well, but a short sum (the heads' partials, a few loads) may run at each step of a
-    reduction around it: a sum of squares over the residual the partials complete."""
-    once, repeated = split_reductions(*(w.value for w in kernel.writes))
-    short = [r for r in (*once, *repeated) if r.extent.is_const and r.extent.value <= SHORT_SUM]
-    return all(r in short for r in repeated) and len(set(once) - set(short)) <= MERGED_PER_KERNEL
 
 
 def _sliced(part: Node, axis: int) -> tuple[list[Node], Node] | None:

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..codegen.schedule import POLICIES
+from ..codegen.policy import POLICIES
 from ..ir import Graph, Node, Op, evaluate, regions as regionlib
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..ir.graph import is_weight

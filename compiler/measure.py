@@ -16,7 +16,8 @@ from ..codegen.index import interval
 from ..codegen.kernel import Kernel, KernelConfig, arithmetic_ops, traffic_bytes
 from ..codegen.cuda_gemm import MmaConfig
 from ..codegen.library import LibraryConfig
-from ..codegen.schedule import POLICIES, Program, schedule
+from ..codegen.policy import POLICIES
+from ..codegen.schedule import Program, schedule
 from ..ir import Graph, Node
 from ..ir.compare import mismatch, tolerance
 from ..ir.errors import CompileError

@@ -9,7 +9,8 @@ from typing import Callable
 import numpy as np
 
 from ..codegen.kernel import KernelConfig
-from ..codegen.schedule import POLICIES, Program, schedule
+from ..codegen.policy import POLICIES
+from ..codegen.schedule import Program, schedule
 from ..ir import Graph, Node, ShapeError, regions as regionlib
 from ..ir.graph import is_weight
 from .backend import Recording

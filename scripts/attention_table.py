@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from kiln.codegen.attention import as_attention
 from kiln.codegen.cuda_attention import attention_space
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.frontend.hf import read_lowered
 from kiln.ir.graph import Graph, is_weight
 from kiln.ir.last_position import last_position

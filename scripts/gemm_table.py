@@ -16,7 +16,8 @@ import torch
 
 from kiln.codegen.cuda_gemm import MMA_SPACE, as_tensor_gemm
 from kiln.codegen.library import LibraryConfig
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.frontend.lowerings.reductions import matmul
 from kiln.ir import DType, Graph, Node, Op
 from kiln.ir.build import permute

@@ -3,7 +3,7 @@ policy's program as lowered, checked against the reference interpreter on the la
 activations (a reference run of the whole decode graph at position POS), then timed whole (a call
 as an executor makes it, outputs left in its arena) and kernel by kernel, with the layer's weights dropped from every cache
 level before each timed call as the search times them (EVICT=0: warm, the weights left cached).
-Usage: python scripts/layer_policies.py POLICY... (keys of codegen/schedule.py's POLICIES; POS, the
+Usage: python scripts/layer_policies.py POLICY... (keys of codegen/policy.py's POLICIES; POS, the
 decode position, 200 by default; REPEATS, 200); prints a table a policy."""
 import os
 import sys
@@ -11,7 +11,8 @@ import time
 
 import numpy as np
 
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.frontend import hf
 from kiln.ir import evaluate, regions as regionlib
 from kiln.ir.decode import decode_args

@@ -8,7 +8,8 @@ import sys
 import ml_dtypes  # noqa: F401  (bf16 weights)
 import numpy as np
 
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.ir.serialize import graph_from_json
 from kiln.runtime.executor import Scratch, plan_buffers
 from kiln.ir import regions as regionlib

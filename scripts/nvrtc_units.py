@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from kiln.codegen.cuda_emit import PRELUDE
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.frontend.hf import read_lowered
 from kiln.ir import regions as regionlib
 from kiln.ir.serialize import graph_from_json

@@ -18,7 +18,8 @@ import torch
 
 from kiln.codegen.cuda_emit import CudaConfig, config_space
 from kiln.codegen.pairs import pairable
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.frontend import catalog
 from kiln.frontend.hf import load_lowered
 from kiln.ir import DType

@@ -11,7 +11,8 @@ import numpy as np
 
 from kiln.codegen.attention import AttentionConfig, as_attention
 from kiln.codegen.kernel import KernelConfig, config_space
-from kiln.codegen.schedule import FusionPolicy, Program, schedule
+from kiln.codegen.policy import FusionPolicy
+from kiln.codegen.schedule import Program, schedule
 from kiln.ir import DType, Graph, Node, Op, evaluate, run
 from kiln.ir.dtypes import accumulator
 from kiln.ir.ops import OPS, OpSpec

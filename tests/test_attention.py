@@ -14,7 +14,8 @@ from kiln.codegen.attention import KEY, AttentionConfig, as_attention
 from kiln.codegen.kernel import IndexValue, Load, nodes
 from kiln.codegen.cuda_attention import attention_space, emit_cuda_attention
 from kiln.codegen.cuda_emit import PRELUDE
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.frontend.hf import lower_causal_lm
 from kiln.frontend.lower import lower
 from kiln.ir.tensors import to_numpy

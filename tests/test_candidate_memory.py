@@ -4,7 +4,8 @@ on an H200 a prefill candidate asked for 23.6 GB at once, and the other workers'
 out of memory beside it."""
 from __future__ import annotations
 
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.compiler import measure
 from kiln.compiler.measure import Measurer
 from kiln.runtime.cpu import CpuBackend

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from kiln.codegen.kernel import KernelConfig
-from kiln.codegen.schedule import FusionPolicy, Program, schedule
+from kiln.codegen.policy import FusionPolicy
+from kiln.codegen.schedule import Program, schedule
 from kiln.ir import DType, Graph, Node, Op, build, run
 from kiln.ir.decode import CACHES_START, decode_args
 from kiln.ir.ops import IOTA_INDEX

@@ -18,7 +18,8 @@ import kiln
 from kiln.codegen.cuda_emit import PRELUDE, CudaConfig, _halvings, config_space, emit_cuda, point_reductions
 from kiln.codegen.kernel import row_reductions
 from kiln.codegen.library import LibraryConfig, as_gemm, is_library
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.frontend.hf import load_lowered, lower_causal_lm
 from kiln.ir import DType, run
 from kiln.ir.decode import CACHES_START, decode_args
@@ -734,7 +735,7 @@ def test_cublas_takes_every_library_case_and_a_recording_replays_a_gathered_oper
     and the call and replays them on new values."""
     import cupy as cp
     from kiln.codegen.library import as_gemm
-    from kiln.codegen.schedule import FusionPolicy
+    from kiln.codegen.policy import FusionPolicy
     from kiln.ir import Graph
     from kiln.ir.build import permute, reshape
     from kiln.runtime.cuda import CudaBackend

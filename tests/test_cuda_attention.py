@@ -9,7 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.ir import DType
 from tests.test_cuda import tiny_case
 

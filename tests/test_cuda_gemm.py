@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from kiln.codegen.cuda_emit import PRELUDE
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.ir import DType
 from tests.test_cuda import needs_gpu, tiny_case
 

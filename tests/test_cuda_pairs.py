@@ -13,7 +13,8 @@ import pytest
 from kiln.codegen.c_emit import STORAGE
 from kiln.codegen.cuda_emit import config_space, emit_cuda
 from kiln.codegen.pairs import pairable, paired
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.ir import DType, evaluate
 from kiln.ir.compare import mismatch, tolerance
 from kiln.ir.decode import CACHES_START, decode_args

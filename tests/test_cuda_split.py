@@ -17,7 +17,8 @@ import pytest
 
 from kiln.codegen.c_emit import STORAGE
 from kiln.codegen.cuda_emit import config_space, emit_cuda, point_reductions, split_scratch
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.ir import DType, evaluate
 from kiln.ir.compare import mismatch, tolerance
 from kiln.ir.last_position import last_position, prompt_args

@@ -7,7 +7,8 @@ import pytest
 from kiln.codegen.heads import _heads, split_by_heads
 from kiln.codegen.kernel import split_reductions
 from kiln.codegen.packing import PackedWeights
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.ir import Graph, Node, Op, regions as regionlib, run
 from kiln.ir.build import reshape
 from kiln.ir.regions import rebuild

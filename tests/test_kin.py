@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from kiln.codegen.kernel import KernelConfig
 from kiln.codegen.library import LibraryConfig
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.compiler.measure import Measurer, kin, kin_order
 from kiln.runtime.cpu import CpuBackend
 from kiln.search.tunedb import TuneDB

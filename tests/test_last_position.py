@@ -119,7 +119,8 @@ def test_every_kernel_of_a_last_position_prefill_has_a_cuda_configuration_space(
     """The last layer's products have fixed extents but read their row at an offset the prompt
     length gives: whether cuBLAS takes one is decided at the call's sizes, not at none."""
     from kiln.codegen.library import LibraryConfig, as_gemm
-    from kiln.codegen.schedule import POLICIES, schedule
+    from kiln.codegen.policy import POLICIES
+    from kiln.codegen.schedule import schedule
     from kiln.frontend.hf import lower_causal_lm
     from kiln.runtime.cuda import CudaBackend
     from kiln.compiler.measure import kernel_space

@@ -8,7 +8,8 @@ import pytest
 
 from kiln.codegen.kernel import KernelConfig
 from kiln.codegen.library import LibraryConfig, as_gemm
-from kiln.codegen.schedule import FusionPolicy, schedule
+from kiln.codegen.policy import FusionPolicy
+from kiln.codegen.schedule import schedule
 from kiln.ir import DType, Graph, Node, Op
 from kiln.ir.build import cast, elementwise, expand, permute, reduce, reshape
 from kiln.ir.symbolic import shape_of, sym
@@ -174,7 +175,7 @@ def test_a_library_call_far_faster_than_the_default_ends_the_kernels_tuning(tmp_
     the library call took a tenth of the default's time, no other generated configuration is
     compiled or timed; at half, every one is (configurations that render one program, as two
     thread counts where the loops cannot collapse, are timed as one)."""
-    from kiln.codegen.schedule import POLICIES
+    from kiln.codegen.policy import POLICIES
     from kiln.compiler.measure import Measurer, kernel_space
     from kiln.search.tunedb import TuneDB
     from tests.test_worker import VARIANT, _region

@@ -12,7 +12,8 @@ import pytest
 from kiln.codegen.c_runner import is_runner
 from kiln.codegen.kernel import KernelConfig
 from kiln.codegen.library import LibraryConfig, as_gemm
-from kiln.codegen.schedule import FusionPolicy, schedule
+from kiln.codegen.policy import FusionPolicy
+from kiln.codegen.schedule import schedule
 from kiln.frontend.hf import lower_causal_lm
 from kiln.ir import DType, Graph, KilnError, Op
 from kiln.ir.build import elementwise, permute

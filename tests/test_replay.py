@@ -187,7 +187,8 @@ def test_the_cpu_replays_a_decode_step_as_one_call_with_library_products_called_
     prompt length a recording would fix, runs launched: the CPU pads no prompt."""
     from kiln.codegen.kernel import KernelConfig
     from kiln.codegen.library import LibraryConfig, as_gemm
-    from kiln.codegen.schedule import POLICIES, schedule
+    from kiln.codegen.policy import POLICIES
+    from kiln.codegen.schedule import schedule
     from kiln.ir import regions, run
     from kiln.runtime.compiled import Choice, region_graph
     lm = lower_causal_lm(tiny_llama(2, seed=9), 24)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.compiler.measure import KERNEL_TIMING_PASSES, Measurer
 from kiln.runtime.cpu import CpuBackend
 from kiln.search.tunedb import TuneDB

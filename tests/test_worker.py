@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from kiln.codegen.kernel import KernelConfig
-from kiln.codegen.schedule import POLICIES, schedule
+from kiln.codegen.policy import POLICIES
+from kiln.codegen.schedule import schedule
 from kiln.ir import DType, Graph, Node, Op, evaluate
 from kiln.ir.build import reduce
 from kiln.ir.symbolic import shape_of

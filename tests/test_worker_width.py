@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from kiln.cli import main
-from kiln.codegen.schedule import POLICIES
+from kiln.codegen.policy import POLICIES
 from kiln.compiler.measure import Measurer
 from kiln.compiler.worker import IsolatedEvaluate, _cores_of, default_width
 from kiln.runtime.cache import unit_of
