@@ -14,7 +14,8 @@ from ..codegen.cuda_attention import attention_space, emit_cuda_attention
 from ..codegen.cuda_decode_attention import WARPS as DECODE_WARPS
 from ..codegen.cuda_decode_attention import DecodeAttentionConfig, emit_cuda_decode_attention
 from ..codegen.cuda_decode_attention import split_scratch as decode_scratch
-from ..codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda, points_per_thread, split_scratch
+from ..codegen.cuda_config import CudaConfig, config_space, points_per_thread, split_scratch
+from ..codegen.cuda_emit import PRELUDE, emit_cuda
 from ..codegen.cuda_gemm import MmaConfig, as_tensor_gemm, emit_cuda_gemm, mma_space
 from ..codegen.kernel import Kernel, source_hash
 from ..codegen.library import Gemm, LibraryConfig, as_gemm, is_library, with_library

@@ -15,7 +15,8 @@ import cupy as cp
 import numpy as np
 
 from kiln.ir import DType
-from kiln.codegen.cuda_emit import PRELUDE, CudaConfig, config_space, splittable
+from kiln.codegen.cuda_config import CudaConfig, config_space, splittable
+from kiln.codegen.cuda_emit import PRELUDE
 from kiln.runtime.cuda import CudaBackend
 from gemv_table import ROTATIONS_BYTES, gemv_kernel
 from kernel_timing import bf16_bits, from_bits, graph_seconds

@@ -16,7 +16,7 @@ import cupy as cp
 import numpy as np
 import torch
 
-from kiln.codegen.cuda_emit import CudaConfig, config_space, splittable
+from kiln.codegen.cuda_config import CudaConfig, config_space, splittable
 from kiln.codegen.schedule import schedule
 from kiln.ir import DType, Graph, Node, Op
 from kiln.frontend.lowerings.reductions import matmul

@@ -16,7 +16,7 @@ import cupy as cp
 import numpy as np
 import torch
 
-from kiln.codegen.cuda_emit import CudaConfig, config_space
+from kiln.codegen.cuda_config import CudaConfig, config_space
 from kiln.codegen.pairs import pairable
 from kiln.codegen.policy import POLICIES
 from kiln.codegen.schedule import schedule

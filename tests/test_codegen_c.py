@@ -489,7 +489,7 @@ def test_epilogues_put_reductions_into_the_kernels_that_read_them(tiny_lm, rng):
     before, after = schedule(g, plain), schedule(g, fused)
     assert len(after.kernels) < len(before.kernels)
     # each reduction still runs once, in a kernel that holds it alone at its points
-    from kiln.codegen.cuda_emit import point_reductions
+    from kiln.codegen.cuda_config import point_reductions
     from kiln.codegen.kernel import Reduce
     reductions = sum(isinstance(k.value, Reduce) for k in before.kernels)
     assert [len(point_reductions(k)) for k in after.kernels].count(1) == reductions
@@ -543,7 +543,7 @@ def test_merged_with_rows_softmax_is_a_row_kernel_and_pv_one_splittable_loop(tin
     """Merging with rows keeps P.V over decode's window one reduction (a split can share a long
     context among blocks): softmax's max and sum merge into its probabilities, a row kernel, one
     kernel more per layer than the merge alone, every output equal to the interpreter."""
-    from kiln.codegen.cuda_emit import splittable
+    from kiln.codegen.cuda_config import splittable
     from kiln.codegen.kernel import row_reductions, split_reductions
     g = tiny_lm.decode
     merged, with_rows = schedule(g, POLICIES[-1]), schedule(g, POLICIES[-2])

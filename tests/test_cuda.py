@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import kiln
-from kiln.codegen.cuda_emit import PRELUDE, CudaConfig, _halvings, config_space, emit_cuda, point_reductions
+from kiln.codegen.cuda_config import CudaConfig, config_space, point_reductions
+from kiln.codegen.cuda_emit import PRELUDE, _halvings, emit_cuda
 from kiln.codegen.kernel import row_reductions
 from kiln.codegen.library import LibraryConfig, as_gemm, is_library
 from kiln.codegen.policy import POLICIES
@@ -156,7 +157,7 @@ def test_a_split_configuration_shares_a_long_reduction_among_blocks(tiny_kernels
     the partials in order and resets its counter for the next launch (the GPU tests check every
     such configuration against the interpreter, launched twice). Softmax merged into P.V is not
     offered one: its sum needs the whole max first."""
-    from kiln.codegen.cuda_emit import split_scratch, splittable
+    from kiln.codegen.cuda_config import split_scratch, splittable
     offered = [k for k in tiny_kernels if any(c.split > 1 for c in config_space(k))]
     assert any(k.label.startswith("SumReduce") for k in offered)
     assert any(c.across and c.split > 1 for k in offered for c in config_space(k))   # P.V

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from kiln.codegen.c_emit import STORAGE
-from kiln.codegen.cuda_emit import config_space, emit_cuda
+from kiln.codegen.cuda_config import config_space
+from kiln.codegen.cuda_emit import emit_cuda
 from kiln.codegen.pairs import pairable, paired
 from kiln.codegen.policy import POLICIES
 from kiln.codegen.schedule import schedule

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from kiln.codegen.c_emit import STORAGE
-from kiln.codegen.cuda_emit import config_space, emit_cuda, point_reductions, split_scratch
+from kiln.codegen.cuda_config import config_space, point_reductions, split_scratch
+from kiln.codegen.cuda_emit import emit_cuda
 from kiln.codegen.policy import POLICIES
 from kiln.codegen.schedule import schedule
 from kiln.ir import DType, evaluate

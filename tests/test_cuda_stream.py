@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from kiln.codegen.c_emit import STORAGE
-from kiln.codegen.cuda_emit import PRELUDE, CudaConfig, config_space, emit_cuda
+from kiln.codegen.cuda_config import CudaConfig, config_space
+from kiln.codegen.cuda_emit import PRELUDE, emit_cuda
 from kiln.codegen.schedule import schedule
 from kiln.frontend.lowerings.reductions import matmul
 from kiln.ir import DType, Graph, Node, Op, evaluate

@@ -16,7 +16,7 @@ import pytest
 from kiln.codegen.kernel import KernelConfig
 from kiln.codegen.policy import POLICIES
 from kiln.codegen.schedule import schedule
-from kiln.ir import DType, Graph, Node, Op, evaluate
+from kiln.ir import DType, Node, Op, evaluate
 from kiln.ir.build import reduce
 from kiln.ir.symbolic import shape_of
 from kiln.runtime.cpu import CpuBackend, cache_dir
