@@ -8,8 +8,8 @@ part of X is read a tile ahead, into registers: its loads' latency hides behind 
 warp skips a tile's products and exponentials where its masked part is -inf at every point of the
 warp's rows (void: its guards still see it), or so far below each row's running maximum that no
 score these queries and keys can produce would give a weight that is not 0 in f32 (faint, see
-FAINT: a Llama's mask holds bf16's lowest value, not -inf); and stops evaluating guards once they
-are saturated."""
+codegen/cuda_faint.py: a Llama's mask holds bf16's lowest value, not -inf); and stops evaluating
+guards once they are saturated."""
 from __future__ import annotations
 
 from ..ir.dtypes import DType
@@ -18,9 +18,10 @@ from .attention import (DEPTH, KEY, SCORE, Attention, AttentionConfig, _output, 
                         guard_body, guard_start, guard_update, snippet)
 from .c_emit import COMPUTE, STORAGE, index_code, literal, store_code
 from .cuda_decode_attention import DecodeAttentionConfig, decode_space
+from .cuda_faint import faint_check, faint_skip, query_norms, saturated
 from ..ir.symbolic import Expr
 from .index import stride
-from .kernel import Apply, Const, IndexValue, Kernel, Load, Reduce, Scalar
+from .kernel import Apply, Const, IndexValue, Kernel, Load, Scalar
 
 _MMA = {DType.BF16: "bf16", DType.F16: "f16"}
 _PAD = 8          # halves past each staged row: rows 16 bytes apart modulo 128, no bank conflicts
@@ -84,8 +85,8 @@ def emit_cuda_attention(a: Attention, config: AttentionConfig, name: str) -> str
              f"(uint32_t){_raw(a.q.load)} | ((uint32_t){_raw(a.q.load, 1)} << 16) : 0u;",
              "  }",
              "}"]
-    if _faint_skip(a):
-        body += _query_norms(a)
+    if faint_skip(a):
+        body += query_norms(a)
     accs = {r: f"kiln_g{i}" for i, r in enumerate(a.guards)}
     body.append(f"float kiln_o[{depth // 8}][4] = {{}}, kiln_m[2] = {{-INFINITY, -INFINITY}}, kiln_l[2] = {{0.0f, 0.0f}};")
     for r, acc in accs.items():
@@ -158,7 +159,7 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
     lines = [f"if (kiln_j0 + {tile} < kiln_nk) {{"]
     lines += ["  " + x for x in _stage(a, config, pitch, f"kiln_j0 + {tile}", "kiln_buf ^ 1")]
     lines += ["}", "kiln_commit();", "bool kiln_live = false;"]
-    faint = _faint_skip(a)
+    faint = faint_skip(a)
     if a.masked_part is not None:
         # this tile's part was read a step ago (its loads' latency hidden behind that step's
         # work); the next tile's is requested now
@@ -184,11 +185,11 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
     lines += ["const bool kiln_void = !__any_sync(0xffffffffu, kiln_live);",
               "kiln_wait_previous();",
               "__syncthreads();",
-              f"const uint16_t* kiln_ks = kiln_kbuf[kiln_buf];",
-              f"const uint16_t* kiln_vs = kiln_vbuf[kiln_buf];",
+              "const uint16_t* kiln_ks = kiln_kbuf[kiln_buf];",
+              "const uint16_t* kiln_vs = kiln_vbuf[kiln_buf];",
               "bool kiln_skip = kiln_void;"]
     if faint:
-        lines += _faint_check(a, config, pitch, accs)
+        lines += faint_check(a, config, pitch, accs)
     lines += [f"float kiln_sc[{tile // 8}][4] = {{}};",
               "if (!kiln_skip) {",
               "  #pragma unroll",
@@ -200,7 +201,7 @@ def _tile(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list
     saturable = all(r.op is Op.MAX_REDUCE and (r.dtype is DType.BOOL or r.dtype.is_float) for r in accs)
     if accs and saturable:
         # a saturated guard stays as it is whatever the keys ahead: stop evaluating it
-        each = " && ".join(_saturated(r, f"{acc}[kiln_r]") for r, acc in accs.items())
+        each = " && ".join(saturated(r, f"{acc}[kiln_r]") for r, acc in accs.items())
         lines += ["bool kiln_settled = true;",
                   "#pragma unroll",
                   "for (int kiln_r = 0; kiln_r < 2; kiln_r++)",
@@ -402,89 +403,6 @@ def _masked_tile(a: Attention, tile: int, first: str, target: str, flag: str, va
               *("  " + x for x in masked_loads(a, tile, first, target)),
               "}"]
     return lines
-
-
-# A tile is faint for a row when its masked part lies so far below the row's running maximum m
-# that no score the row's query and the tile's keys can produce lifts a weight above 2^-FAINT:
-# with |S| <= Σ_k |q_k| · max |k| (|c·S| with its rounding slack, 2^-10) and X rounded once more
-# (2^-23), every weight is exp2((X - m')·L) <= 2^-FAINT for the final maximum m' >= m, which is 0 in
-# f32 (the interpreter's exponential of it too). NaN anywhere fails a comparison: no skip.
-FAINT = 200
-
-
-def _faint_skip(a: Attention) -> bool:
-    """Whether faint tiles may be skipped: X = c·S + B, and every guard is a maximum whose
-    accumulator can saturate (a skipped tile cannot change a saturated one)."""
-    return (a.masked_part is not None and a.score_factor is not None
-            and all(r.op is Op.MAX_REDUCE and (r.dtype is DType.BOOL or r.dtype.is_float) for r in a.guards))
-
-
-def _saturated(r: Reduce, acc: str) -> str:
-    return acc if r.dtype is DType.BOOL else f"({acc} == INFINITY || {acc} != {acc})"
-
-
-def _widen(word: str, half: int, dtype: DType) -> str:
-    """One 16-bit half (0: low) of a 32-bit word, as a float."""
-    bits = f"({word} & 0xFFFFu)" if half == 0 else f"({word} >> 16)"
-    return f"kiln_{dtype.value}_load((uint16_t){bits})"
-
-
-def _query_norms(a: Attention) -> list[str]:
-    """Σ_k |q_k| of the lane's two rows (its four lanes' halves summed)."""
-    words = [f"kiln_qa[kiln_kk][{h}]" for h in range(4)]
-    terms = {r: " + ".join(f"fabsf({_widen(w, half, a.dtype)})" for w in words[r::2] for half in (0, 1))
-             for r in (0, 1)}
-    return ["float kiln_qnorm[2] = {0.0f, 0.0f};",
-            "#pragma unroll",
-            f"for (int kiln_kk = 0; kiln_kk < {a.depth // 16}; kiln_kk++) {{",
-            f"  kiln_qnorm[0] += {terms[0]};",
-            f"  kiln_qnorm[1] += {terms[1]};",
-            "}",
-            "#pragma unroll",
-            "for (int kiln_r = 0; kiln_r < 2; kiln_r++) {",
-            "  kiln_qnorm[kiln_r] += __shfl_xor_sync(0xffffffffu, kiln_qnorm[kiln_r], 1);",
-            "  kiln_qnorm[kiln_r] += __shfl_xor_sync(0xffffffffu, kiln_qnorm[kiln_r], 2);",
-            "}"]
-
-
-def _faint_check(a: Attention, config: AttentionConfig, pitch: int, accs: dict) -> list[str]:
-    """Set kiln_skip where the tile is faint for every row of the warp: first from the masked part
-    and the running maxima alone, then, only if that passes, with the bound on |S| (the largest
-    |k| of the staged tile, read by the warp from shared memory: the 15 bits below the sign
-    compare as the magnitudes do, a NaN's above infinity's)."""
-    exponent = literal(a.exponent, DType.F32)
-    factor = repr(abs(a.q.scale * a.k.scale * a.score_factor))
-    saturated = " && ".join(_saturated(r, f"{acc}[kiln_r]") for r, acc in accs.items()) or "true"
-    chunks = config.keys * a.depth // 8
-    largest = _widen("kiln_kbits", 0, a.dtype)
-    return ["if (!kiln_skip) {",
-            "  bool kiln_faint = true;",
-            "  #pragma unroll",
-            "  for (int kiln_r = 0; kiln_r < 2; kiln_r++)",
-            "    if (kiln_row0 + kiln_g + kiln_r * 8 < kiln_nq)",
-            f"      kiln_faint = kiln_faint && {saturated} && (kiln_bmax[kiln_r] - kiln_m[kiln_r]) * {exponent} <= -{FAINT}.0f;",
-            "  if (__all_sync(0xffffffffu, kiln_faint)) {",
-            "    uint32_t kiln_kbits = 0u;",
-            f"    for (int kiln_i = kiln_lane; kiln_i < {chunks}; kiln_i += 32) {{",
-            f"      const uint4 kiln_w = *reinterpret_cast<const uint4*>(&kiln_ks[(kiln_i / {a.depth // 8}) * {pitch} "
-            f"+ (kiln_i % {a.depth // 8}) * 8]);",
-            "      kiln_kbits = __vmaxu2(__vmaxu2(kiln_kbits, kiln_w.x & 0x7FFF7FFFu), __vmaxu2(kiln_w.y & 0x7FFF7FFFu, "
-            "kiln_w.z & 0x7FFF7FFFu));",
-            "      kiln_kbits = __vmaxu2(kiln_kbits, kiln_w.w & 0x7FFF7FFFu);",
-            "    }",
-            "    kiln_kbits = __reduce_max_sync(0xffffffffu, max(kiln_kbits & 0xFFFFu, kiln_kbits >> 16));",
-            f"    const double kiln_reach = {factor} * (1.0 + 0x1p-10) * (double){largest};",
-            "    #pragma unroll",
-            "    for (int kiln_r = 0; kiln_r < 2; kiln_r++) {",
-            "      if (kiln_row0 + kiln_g + kiln_r * 8 < kiln_nq) {",
-            "        const double kiln_u = (double)kiln_bmax[kiln_r] + kiln_reach * (double)kiln_qnorm[kiln_r];",
-            f"        kiln_faint = kiln_faint && (kiln_u + fabs(kiln_u) * 0x1p-23 - (double)kiln_m[kiln_r]) * {exponent} "
-            f"<= -{FAINT}.0;",
-            "      }",
-            "    }",
-            "    kiln_skip = __all_sync(0xffffffffu, kiln_faint);",
-            "  }",
-            "}"]
 
 
 def _guards_of_logit_maxima(a: Attention, known: dict) -> bool:

@@ -168,7 +168,7 @@ def _keys(a: Attention, accs: dict, v_steps: int) -> list[str]:
     for r, acc in accs.items():
         combine = reduction_accumulator(r)[2]
         lines += ["#pragma unroll",
-                  f"for (int kiln_o = 16; kiln_o >= 1; kiln_o >>= 1) {{",
+                  "for (int kiln_o = 16; kiln_o >= 1; kiln_o >>= 1) {",
                   f"  const {_type(r)} kiln_y = kiln_shfl_xor({acc}, kiln_o);",
                   f"  {acc} = {combine.format(a=acc, b='kiln_y')};",
                   "}"]
