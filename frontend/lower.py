@@ -7,7 +7,6 @@ import operator
 import re
 from typing import Any
 
-import numpy as np
 import sympy
 import torch
 from torch.export import ExportedProgram
