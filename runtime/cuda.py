@@ -56,7 +56,7 @@ class CudaBackend:
     name = "cuda"
     source_suffix = ".cu"
     # each an NVRTC compile (a few to a module) and microseconds of timing: a GEMV's streaming form
-    # (codegen/cuda_emit.py) came third and left the grid's last two (a block of 512 a row, which
+    # (codegen/cuda_config.py) came third and left the grid's last two (a block of 512 a row, which
     # won 8192->2048 on an H100, and groups of 64, which won it on the H200) past the twelfth
     finalist_configs = 14
     records_each_size = True
