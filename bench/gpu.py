@@ -262,25 +262,21 @@ def measure(spec: str, dtype: str, tokens: int, budget: str, max_seq: int, torch
         result["torch_compile_prefill_compile_s"] = time.perf_counter() - t0
         result["torch_compile_prefill_tokens_per_s"] = _prefill_rate(lambda: eager_prefill(compiled_model), prefill)
         _log(result, json_path, "torch_compile_prefill_compile_s", "torch_compile_prefill_tokens_per_s")
-        # the short prompt's time to first token: a program specialized to its length, as Kiln's
-        # recordings are (dynamic=False: compiled again for this shape, tuned as the 512 one)
-        t0 = time.perf_counter()
-        short_model = torch.compile(gpu_model, mode="max-autotune", fullgraph=False, dynamic=False)
-        with torch.no_grad():
-            short_model(input_ids=short_prompt, use_cache=False, **keep)
-            result["torch_compile_short_prompt_compile_s"] = time.perf_counter() - t0
-            result["torch_compile_short_prompt_s"] = _call_s(
-                lambda: short_model(input_ids=short_prompt, use_cache=False, **keep))
-        _log(result, json_path, "torch_compile_short_prompt_compile_s", "torch_compile_short_prompt_s")
-        if long_prompt is not None:    # the long prompt's, specialized to its length the same way
+
+        def time_to_first_token(which: str, ids) -> None:
+            # a program specialized to the prompt's length, as Kiln's recordings are
+            # (dynamic=False: compiled again for this shape, tuned as the 512 one)
             t0 = time.perf_counter()
-            long_model = torch.compile(gpu_model, mode="max-autotune", fullgraph=False, dynamic=False)
+            specialized = torch.compile(gpu_model, mode="max-autotune", fullgraph=False, dynamic=False)
             with torch.no_grad():
-                long_model(input_ids=torch_long, use_cache=False, **keep)
-                result["torch_compile_long_prompt_compile_s"] = time.perf_counter() - t0
-                result["torch_compile_long_prompt_s"] = _call_s(
-                    lambda: long_model(input_ids=torch_long, use_cache=False, **keep))
-            _log(result, json_path, "torch_compile_long_prompt_compile_s", "torch_compile_long_prompt_s")
+                specialized(input_ids=ids, use_cache=False, **keep)
+                result[f"torch_compile_{which}_prompt_compile_s"] = time.perf_counter() - t0
+                result[f"torch_compile_{which}_prompt_s"] = _call_s(
+                    lambda: specialized(input_ids=ids, use_cache=False, **keep))
+            _log(result, json_path, f"torch_compile_{which}_prompt_compile_s", f"torch_compile_{which}_prompt_s")
+        time_to_first_token("short", short_prompt)
+        if long_prompt is not None:
+            time_to_first_token("long", torch_long)
 
     bound = result["bandwidth_bound_tokens_per_s"]
     for system in ("eager", "torch_compile", "kiln"):
